@@ -1,0 +1,179 @@
+"""Agent configuration: CLI flags, then ``AISCOPE_*`` environment variables, then a TOML file.
+
+Every key has one typed parser. A bad value raises :class:`ConfigError` with a one-line message
+that names the key and where it came from (``--interval``, ``AISCOPE_INTERVAL`` or
+``config.toml: agent.interval``); the CLI turns it into exit code 2.
+
+The TOML file (``--config`` or ``AISCOPE_CONFIG``) holds an ``[agent]`` table with the same keys::
+
+    [agent]
+    store = "/var/lib/aiscope"
+    listen = "0.0.0.0:9835"
+    interval = 1.0
+    raw_retention_days = 14
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+DEFAULT_LISTEN = "127.0.0.1:9835"
+STORE_FILE_NAME = "aiscope.duckdb"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Everything the agent needs to run, validated. Durations in seconds."""
+
+    store: Path
+    listen_host: str
+    listen_port: int
+    node: str
+    interval: float = 1.0
+    process_interval: float = 5.0
+    flush_interval: float = 10.0
+    rollup_interval: float = 300.0
+    prune_interval: float = 3600.0
+    buffer_rows: int = 100_000
+    raw_retention_days: float = 14.0
+    rollup_retention_days: float = 400.0
+    nvml_deadline: float = 2.0
+    duration: float | None = None
+
+
+def default_store() -> Path:
+    """``$AISCOPE_STORE``, else the per-user data directory (``$XDG_DATA_HOME/aiscope``)."""
+    env = os.environ.get("AISCOPE_STORE")
+    if env:
+        return resolve_store(Path(env))
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "aiscope" / STORE_FILE_NAME
+
+
+def resolve_store(path: Path) -> Path:
+    """A store is a DuckDB file; a directory means ``<dir>/aiscope.duckdb``."""
+    return path / STORE_FILE_NAME if path.is_dir() else path
+
+
+def _positive_float(value: Any) -> float:
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError("expected a positive number")
+    return number
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError("expected a positive whole number")
+    number = int(value)
+    if number <= 0:
+        raise ValueError("expected a positive whole number")
+    return number
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPv6]:PORT``. The host must be explicit (no bare ``:9835``)."""
+    text = str(value).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT such as {DEFAULT_LISTEN}, got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"port must be 0-65535, got {port!r}")
+    return host, int(port)
+
+
+_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "interval": _positive_float,
+    "process_interval": _positive_float,
+    "flush_interval": _positive_float,
+    "rollup_interval": _positive_float,
+    "prune_interval": _positive_float,
+    "buffer_rows": _positive_int,
+    "raw_retention_days": _positive_float,
+    "rollup_retention_days": _positive_float,
+    "nvml_deadline": _positive_float,
+    "duration": _positive_float,
+    "node": lambda v: _nonempty(str(v)),
+    "store": lambda v: resolve_store(Path(str(v)).expanduser()),
+    "listen": parse_listen,
+}
+KEYS = tuple(_PARSERS)
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The ``[agent]`` table of a TOML file. Raises :class:`ConfigError`."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    table = data.get("agent", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [agent] must be a table")
+    unknown = sorted(set(table) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key agent.{unknown[0]} (known: {', '.join(KEYS)})")
+    return table
+
+
+def load_config(
+    flags: Mapping[str, Any],
+    env: Mapping[str, str] = os.environ,
+    config_file: Path | None = None,
+) -> AgentConfig:
+    """Merge flags over ``AISCOPE_*`` over the TOML file over defaults, and validate."""
+    file_path = config_file or (Path(env["AISCOPE_CONFIG"]) if env.get("AISCOPE_CONFIG") else None)
+    table = read_toml(file_path) if file_path else {}
+    values: dict[str, Any] = {}
+    for key in KEYS:
+        raw, source = _pick(key, flags, env, table, file_path)
+        if raw is None:
+            continue
+        try:
+            values[key] = _PARSERS[key](raw)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{source}: {exc} (got {raw!r})") from None
+    host, port = values.pop("listen", parse_listen(DEFAULT_LISTEN))
+    values.setdefault("store", default_store())
+    values.setdefault("node", socket.gethostname())
+    known = {f.name for f in fields(AgentConfig)}
+    return AgentConfig(
+        listen_host=host, listen_port=port, **{k: v for k, v in values.items() if k in known}
+    )
+
+
+def _pick(
+    key: str,
+    flags: Mapping[str, Any],
+    env: Mapping[str, str],
+    table: Mapping[str, Any],
+    file_path: Path | None,
+) -> tuple[Any, str]:
+    if flags.get(key) is not None:
+        return flags[key], f"--{key.replace('_', '-')}"
+    env_key = f"AISCOPE_{key.upper()}"
+    if env.get(env_key):
+        return env[env_key], env_key
+    if key in table:
+        return table[key], f"{file_path}: agent.{key}"
+    return None, key

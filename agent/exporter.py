@@ -1,0 +1,528 @@
+"""Prometheus exposition: the only module that imports ``prometheus_client``.
+
+The collector is a table. ``GPU_GAUGES`` maps record fields to metric names; ``collect`` loops over
+it and builds fresh families from the sampler's latest snapshot at every scrape, so a GPU or a
+process that went away leaves no stale series, and a value that was not reported is simply not
+exported (no fake zeros).
+
+Names follow Prometheus conventions: an ``aiscope_`` prefix, base units in the name (``_bytes``,
+``_watts``, ``_joules``, ``_hertz``, ``_celsius``, ``_seconds``, ``_ratio`` from 0 to 1) and
+``_total`` for counters.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from agent.sampler import GpuProcess, Snapshot
+from agent.schema import Device, GpuSample
+from agent.store import StoreStats
+
+GPU_LABELS = ("node", "gpu", "uuid", "model", "pod_uid", "container_id", "slurm_job_id")
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One exported series: the record field it reads, its name, help text and scale."""
+
+    field: str
+    name: str
+    help: str
+
+
+GPU_GAUGES: tuple[Spec, ...] = (
+    Spec(
+        "utilization_gpu_ratio",
+        "aiscope_gpu_utilization_ratio",
+        "Share of the sample period a kernel ran (a duty cycle, not efficiency).",
+    ),
+    Spec(
+        "utilization_memory_ratio",
+        "aiscope_gpu_memory_utilization_ratio",
+        "Share of the sample period device memory was read or written.",
+    ),
+    Spec("memory_used_bytes", "aiscope_gpu_memory_used_bytes", "Device memory in use."),
+    Spec("memory_free_bytes", "aiscope_gpu_memory_free_bytes", "Device memory free."),
+    Spec(
+        "memory_reserved_bytes",
+        "aiscope_gpu_memory_reserved_bytes",
+        "Device memory reserved by the driver.",
+    ),
+    Spec("power_watts", "aiscope_gpu_power_watts", "Power draw."),
+    Spec("temperature_celsius", "aiscope_gpu_temperature_celsius", "GPU core temperature."),
+    Spec("sm_clock_hertz", "aiscope_gpu_sm_clock_hertz", "SM clock."),
+    Spec("memory_clock_hertz", "aiscope_gpu_memory_clock_hertz", "Memory clock."),
+    Spec(
+        "clock_event_reasons",
+        "aiscope_gpu_clock_event_reasons",
+        "Bitmask of nvmlClocksEventReason* (throttle reasons).",
+    ),
+    Spec(
+        "pcie_tx_bytes_per_second",
+        "aiscope_gpu_pcie_transmit_bytes_per_second",
+        "PCIe bytes sent per second over the last tick.",
+    ),
+    Spec(
+        "pcie_rx_bytes_per_second",
+        "aiscope_gpu_pcie_receive_bytes_per_second",
+        "PCIe bytes received per second over the last tick.",
+    ),
+    Spec(
+        "nvlink_tx_bytes_per_second",
+        "aiscope_gpu_nvlink_transmit_bytes_per_second",
+        "NVLink data bytes sent per second over the last tick, all links.",
+    ),
+    Spec(
+        "nvlink_rx_bytes_per_second",
+        "aiscope_gpu_nvlink_receive_bytes_per_second",
+        "NVLink data bytes received per second over the last tick, all links.",
+    ),
+    Spec(
+        "sm_active_ratio",
+        "aiscope_gpu_sm_active_ratio",
+        "Share of SMs busy (GPM, Hopper and later).",
+    ),
+    Spec(
+        "sm_occupancy_ratio",
+        "aiscope_gpu_sm_occupancy_ratio",
+        "Active warps over the maximum (GPM).",
+    ),
+    Spec(
+        "tensor_active_ratio",
+        "aiscope_gpu_tensor_active_ratio",
+        "Share of time tensor cores were busy (GPM).",
+    ),
+    Spec(
+        "dram_active_ratio",
+        "aiscope_gpu_dram_active_ratio",
+        "DRAM bandwidth used over the maximum (GPM).",
+    ),
+)
+GPU_COUNTERS: tuple[Spec, ...] = (
+    Spec("energy_joules", "aiscope_gpu_energy_joules", "Energy used since the driver loaded."),
+    Spec(
+        "ecc_corrected_errors",
+        "aiscope_gpu_ecc_corrected_errors",
+        "Corrected (single-bit) ECC errors since the driver loaded.",
+    ),
+    Spec(
+        "ecc_uncorrected_errors",
+        "aiscope_gpu_ecc_uncorrected_errors",
+        "Uncorrected (double-bit) ECC errors since the driver loaded.",
+    ),
+)
+HOST_GAUGES: tuple[Spec, ...] = (
+    Spec("cpu_busy_ratio", "aiscope_host_cpu_busy_ratio", "Share of CPU time not idle."),
+    Spec("cpu_iowait_ratio", "aiscope_host_cpu_iowait_ratio", "Share of CPU time in iowait."),
+    Spec("cpu_steal_ratio", "aiscope_host_cpu_steal_ratio", "Share of CPU time stolen."),
+    Spec("load1", "aiscope_host_load1", "One-minute load average."),
+    Spec("memory_used_bytes", "aiscope_host_memory_used_bytes", "Memory in use."),
+    Spec("memory_available_bytes", "aiscope_host_memory_available_bytes", "Memory available."),
+    Spec(
+        "disk_read_bytes_per_second",
+        "aiscope_host_disk_read_bytes_per_second",
+        "Disk bytes read per second.",
+    ),
+    Spec(
+        "disk_write_bytes_per_second",
+        "aiscope_host_disk_write_bytes_per_second",
+        "Disk bytes written per second.",
+    ),
+)
+PRESSURE = (
+    ("psi_cpu_some_ratio", "cpu", "some"),
+    ("psi_io_some_ratio", "io", "some"),
+    ("psi_io_full_ratio", "io", "full"),
+    ("psi_memory_some_ratio", "memory", "some"),
+    ("psi_memory_full_ratio", "memory", "full"),
+)
+CLOCK_EVENT_REASONS = (
+    (0x1, "gpu_idle"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+)
+
+
+def _gpu_labels(
+    node: str, sample: GpuSample, device: Device | None, procs: list[GpuProcess]
+) -> list[str]:
+    def joined(attr: str) -> str:
+        values = {getattr(p.attribution, attr) for p in procs if p.attribution}
+        return ",".join(sorted(v for v in values if v))
+
+    return [
+        node,
+        str(sample.gpu_index),
+        sample.uuid,
+        (device.name if device and device.name else ""),
+        joined("k8s_pod_uid"),
+        joined("container_id"),
+        joined("slurm_job_id"),
+    ]
+
+
+class AgentCollector(Collector):
+    """Builds every family at scrape time from ``snapshot()`` and ``store_stats()``."""
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Snapshot],
+        store_stats: Callable[[], StoreStats],
+        version: str,
+    ) -> None:
+        self._snapshot = snapshot
+        self._store_stats = store_stats
+        self._version = version
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        yield from self._build_info()
+        yield from self._gpus(snap)
+        yield from self._processes(snap)
+        yield from self._host(snap)
+        yield from self._agent(snap, self._store_stats())
+
+    def _build_info(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "aiscope_build_info", "aiscope build.", labels=["version", "python_version"]
+        )
+        info.add_metric([self._version, platform.python_version()], 1)
+        yield info
+
+    def _gpus(self, snap: Snapshot) -> Iterator[Metric]:
+        devices = {d.uuid: d for d in snap.devices}
+        procs: dict[str, list[GpuProcess]] = {}
+        for p in snap.processes:
+            procs.setdefault(p.uuid, []).append(p)
+        labels = {
+            s.uuid: _gpu_labels(snap.node, s, devices.get(s.uuid), procs.get(s.uuid, []))
+            for s in snap.gpus
+        }
+        up = GaugeMetricFamily(
+            "aiscope_gpu_up", "1 when the GPU answered the last tick.", labels=list(GPU_LABELS)
+        )
+        for s in snap.gpus:
+            up.add_metric(labels[s.uuid], 1.0 if s.up else 0.0)
+        yield up
+        yield _driver_up(snap)
+        for spec in GPU_GAUGES:
+            yield _family(GaugeMetricFamily, spec, snap.gpus, labels)
+        for spec in GPU_COUNTERS:
+            yield _family(CounterMetricFamily, spec, snap.gpus, labels)
+        yield from _device_gauges(snap, devices, labels)
+        yield _throttle(snap, labels)
+        yield _per_uuid_counter(
+            "aiscope_gpu_xid_errors",
+            "XID critical errors seen by the agent.",
+            snap.xid_events,
+            snap,
+            labels,
+        )
+        yield _per_uuid_counter(
+            "aiscope_gpu_lost",
+            "Times the GPU was lost or stopped answering.",
+            snap.gpu_lost_events,
+            snap,
+            labels,
+        )
+
+    def _processes(self, snap: Snapshot) -> Iterator[Metric]:
+        names = [
+            "node",
+            "gpu",
+            "uuid",
+            "pid",
+            "comm",
+            "user",
+            "slurm_job_id",
+            "pod_uid",
+            "container_id",
+            "systemd_unit",
+        ]
+        memory = GaugeMetricFamily(
+            "aiscope_gpu_process_memory_used_bytes",
+            "Device memory used by a process.",
+            labels=names,
+        )
+        sm = GaugeMetricFamily(
+            "aiscope_gpu_process_sm_utilization_ratio",
+            "Share of time a process's kernels ran on the SMs.",
+            labels=names,
+        )
+        index = {s.uuid: str(s.gpu_index) for s in snap.gpus}
+        for p in snap.processes:
+            a = p.attribution
+            values = [snap.node, index.get(p.uuid, ""), p.uuid, str(p.sample.pid)] + [
+                (getattr(a, f) or "") if a else ""
+                for f in (
+                    "comm",
+                    "user",
+                    "slurm_job_id",
+                    "k8s_pod_uid",
+                    "container_id",
+                    "systemd_unit",
+                )
+            ]
+            if p.sample.used_memory_bytes is not None:
+                memory.add_metric(values, p.sample.used_memory_bytes)
+            if p.sample.sm_utilization_ratio is not None:
+                sm.add_metric(values, p.sample.sm_utilization_ratio)
+        yield memory
+        yield sm
+
+    def _host(self, snap: Snapshot) -> Iterator[Metric]:
+        host = snap.host
+        if host is None:
+            return
+        for spec in HOST_GAUGES:
+            family = GaugeMetricFamily(spec.name, spec.help, labels=["node"])
+            value = getattr(host, spec.field)
+            if value is not None:
+                family.add_metric([snap.node], value)
+            yield family
+        pressure = GaugeMetricFamily(
+            "aiscope_host_pressure_ratio",
+            "Pressure stall information, avg10 as a ratio.",
+            labels=["node", "resource", "kind"],
+        )
+        for field, resource, kind in PRESSURE:
+            value = getattr(host, field)
+            if value is not None:
+                pressure.add_metric([snap.node, resource, kind], value)
+        yield pressure
+        yield from _network(snap)
+        yield from _cgroups(snap)
+
+    def _agent(self, snap: Snapshot, stats: StoreStats) -> Iterator[Metric]:
+        node = [snap.node]
+
+        def gauge(name: str, doc: str, value: float | None) -> Metric:
+            family = GaugeMetricFamily(name, doc, labels=["node"])
+            if value is not None:
+                family.add_metric(node, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> Metric:
+            family = CounterMetricFamily(name, doc, labels=["node"])
+            family.add_metric(node, value)
+            return family
+
+        yield counter("aiscope_agent_ticks", "Sampling ticks run.", snap.ticks_total)
+        yield counter("aiscope_agent_samples", "GPU samples taken.", snap.gpu_samples_total)
+        yield gauge(
+            "aiscope_agent_tick_duration_seconds",
+            "Duration of the last tick.",
+            snap.last_tick_seconds,
+        )
+        yield gauge(
+            "aiscope_agent_flush_duration_seconds",
+            "Duration of the last store flush.",
+            stats.last_flush_seconds,
+        )
+        yield counter("aiscope_agent_flushes", "Store flushes attempted.", stats.flushes_total)
+        yield counter(
+            "aiscope_agent_flush_failures",
+            "Store flushes that failed (rows kept).",
+            stats.flush_failures_total,
+        )
+        yield counter(
+            "aiscope_agent_rows_written", "Rows written to the store.", stats.rows_written_total
+        )
+        yield gauge(
+            "aiscope_agent_buffer_rows",
+            "Rows waiting to be written to the store.",
+            stats.buffered_rows,
+        )
+        yield counter(
+            "aiscope_agent_dropped_samples",
+            "Rows dropped because the buffer overflowed while the store was unwritable.",
+            stats.dropped_rows_total,
+        )
+        errors = CounterMetricFamily(
+            "aiscope_agent_nvml_errors", "NVML calls that failed, by kind.", labels=["node", "kind"]
+        )
+        for kind, count in snap.nvml_errors:
+            errors.add_metric([snap.node, kind], count)
+        yield errors
+
+
+def _family(
+    cls: type[GaugeMetricFamily] | type[CounterMetricFamily],
+    spec: Spec,
+    samples: Iterable[GpuSample],
+    labels: dict[str, list[str]],
+) -> Metric:
+    family = cls(spec.name, spec.help, labels=list(GPU_LABELS))
+    for s in samples:
+        value = getattr(s, spec.field) if s.up else None
+        if value is not None:
+            family.add_metric(labels[s.uuid], float(value))
+    return family
+
+
+def _driver_up(snap: Snapshot) -> Metric:
+    family = GaugeMetricFamily(
+        "aiscope_driver_up", "1 when the NVIDIA driver (NVML) is usable.", labels=["node"]
+    )
+    family.add_metric([snap.node], 1.0 if snap.driver_up else 0.0)
+    return family
+
+
+def _device_gauges(
+    snap: Snapshot, devices: dict[str, Device], labels: dict[str, list[str]]
+) -> Iterator[Metric]:
+    total = GaugeMetricFamily(
+        "aiscope_gpu_memory_total_bytes", "Device memory in total.", labels=list(GPU_LABELS)
+    )
+    limit = GaugeMetricFamily(
+        "aiscope_gpu_power_limit_watts", "Enforced power limit.", labels=list(GPU_LABELS)
+    )
+    info = GaugeMetricFamily(
+        "aiscope_gpu_info",
+        "GPU identity.",
+        labels=["node", "gpu", "uuid", "model", "pci_bus_id", "driver_version", "mig_mode"],
+    )
+    for s in snap.gpus:
+        d = devices.get(s.uuid)
+        if d is None:
+            continue
+        if d.memory_total_bytes is not None:
+            total.add_metric(labels[s.uuid], d.memory_total_bytes)
+        if d.power_limit_watts is not None:
+            limit.add_metric(labels[s.uuid], d.power_limit_watts)
+        mig = "" if d.mig_mode is None else ("enabled" if d.mig_mode else "disabled")
+        info.add_metric(
+            [
+                snap.node,
+                str(d.gpu_index),
+                d.uuid,
+                d.name or "",
+                d.pci_bus_id or "",
+                d.driver_version or "",
+                mig,
+            ],
+            1,
+        )
+    yield total
+    yield limit
+    yield info
+
+
+def _throttle(snap: Snapshot, labels: dict[str, list[str]]) -> Metric:
+    family = GaugeMetricFamily(
+        "aiscope_gpu_clock_event_active",
+        "1 while a clock event reason (throttling cause) is active.",
+        labels=[*GPU_LABELS, "reason"],
+    )
+    for s in snap.gpus:
+        if not s.up or s.clock_event_reasons is None:
+            continue
+        for bit, reason in CLOCK_EVENT_REASONS:
+            family.add_metric(
+                [*labels[s.uuid], reason], 1.0 if s.clock_event_reasons & bit else 0.0
+            )
+    return family
+
+
+def _per_uuid_counter(
+    name: str,
+    doc: str,
+    counts: tuple[tuple[str, int], ...],
+    snap: Snapshot,
+    labels: dict[str, list[str]],
+) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=list(GPU_LABELS))
+    seen = dict(counts)
+    for s in snap.gpus:
+        family.add_metric(labels[s.uuid], seen.get(s.uuid, 0))
+    return family
+
+
+def _network(snap: Snapshot) -> Iterator[Metric]:
+    names = ["node", "kind", "device"]
+    rx = GaugeMetricFamily(
+        "aiscope_host_network_receive_bytes_per_second",
+        "Bytes received per second by a NIC or InfiniBand port.",
+        labels=names,
+    )
+    tx = GaugeMetricFamily(
+        "aiscope_host_network_transmit_bytes_per_second",
+        "Bytes sent per second by a NIC or InfiniBand port.",
+        labels=names,
+    )
+    for n in snap.net:
+        if n.rx_bytes_per_second is not None:
+            rx.add_metric([snap.node, n.kind, n.device], n.rx_bytes_per_second)
+        if n.tx_bytes_per_second is not None:
+            tx.add_metric([snap.node, n.kind, n.device], n.tx_bytes_per_second)
+    yield rx
+    yield tx
+
+
+def _cgroups(snap: Snapshot) -> Iterator[Metric]:
+    used = GaugeMetricFamily(
+        "aiscope_cgroup_cpu_cores",
+        "CPU cores used by a cgroup that owns GPU processes.",
+        labels=["node", "cgroup"],
+    )
+    limit = GaugeMetricFamily(
+        "aiscope_cgroup_cpu_limit_cores",
+        "The cgroup's CPU quota in cores.",
+        labels=["node", "cgroup"],
+    )
+    for c in snap.cgroups:
+        if c.cpu_cores is not None:
+            used.add_metric([snap.node, c.cgroup], c.cpu_cores)
+        if c.cpu_limit_cores is not None:
+            limit.add_metric([snap.node, c.cgroup], c.cpu_limit_cores)
+    yield used
+    yield limit
+
+
+def build_registry(
+    collectors: Iterable[Collector], process_metrics: bool = True
+) -> CollectorRegistry:
+    """A fresh registry with our collectors and the agent's own CPU seconds and RSS."""
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in collectors:
+        registry.register(collector)
+    if process_metrics:
+        ProcessCollector(namespace="aiscope_agent", registry=registry)
+    return registry
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsServer:
+    """A running ``/metrics`` endpoint; ``close`` stops it."""
+
+    server: Any
+    thread: threading.Thread
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def serve(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
+    """Serve ``registry`` at ``http://host:port/metrics``. Raises ``OSError`` if the bind fails."""
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(server=server, thread=thread)
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The exposition text of ``registry`` (tests and ``--once``)."""
+    from prometheus_client import generate_latest  # noqa: PLC0415
+
+    return generate_latest(registry)

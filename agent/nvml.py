@@ -1,0 +1,531 @@
+"""The NVML adapter: the only module that imports ``pynvml`` (NVIDIA's ``nvidia-ml-py``).
+
+Every call passes one gate, ``Nvml._query``:
+
+* ``NotSupported``, ``NoPermission``, ``FunctionNotFound`` and ``ArgumentVersionMismatch`` become
+  ``None`` ("not reported"), logged once per GPU and field and counted by kind.
+* ``GpuIsLost`` raises :class:`GpuLost`; ``Uninitialized``/``DriverNotLoaded`` raise
+  :class:`DriverUnavailable`. Anything else is counted and read as ``None``.
+
+Versioned symbols fall back to older ones when an old driver lacks them
+(``_v3`` -> ``_v2`` -> unversioned), the way nvitop does. Units are converted here and nowhere else:
+milliwatts to watts, MHz to hertz, percent to ratios, KiB counters to bytes per second.
+
+Cheapest paths: PCIe, NVLink and ECC counters come from one batched ``nvmlDeviceGetFieldValues``
+call per GPU and tick. ``nvmlDeviceGetPcieThroughput`` is never called: it samples for ~20 ms per
+counter inside the driver, which at 8 GPUs would cost a third of every second.
+
+The library is injectable (``library=``): tests and the simulator hand in a virtual driver that
+implements NVML's C symbols, and the real ``pynvml`` Python code runs on top of it unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from agent.schema import Device, GpuSample
+
+log = logging.getLogger(__name__)
+
+_UNSUPPORTED = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED: "not_supported",
+    pynvml.NVML_ERROR_NO_PERMISSION: "no_permission",
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "function_not_found",
+    pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "version_mismatch",
+}
+_DRIVER_GONE = {
+    pynvml.NVML_ERROR_UNINITIALIZED: "uninitialized",
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "driver_not_loaded",
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "library_not_found",
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver_version_mismatch",
+}
+_XID_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+_GPM_METRICS = (
+    ("sm_active_ratio", pynvml.NVML_GPM_METRIC_SM_UTIL),
+    ("sm_occupancy_ratio", pynvml.NVML_GPM_METRIC_SM_OCCUPANCY),
+    ("tensor_active_ratio", pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
+    ("dram_active_ratio", pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL),
+)
+_KIB = 1024
+_MHZ = 1_000_000
+
+
+class NvmlError(Exception):
+    """A failure of the NVML layer that callers must handle."""
+
+
+class DriverUnavailable(NvmlError):
+    """No usable driver: library missing, driver not loaded, or NVML not initialized."""
+
+
+class GpuLost(NvmlError):
+    """The GPU fell off the bus (``NVML_ERROR_GPU_IS_LOST``) or stopped answering."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    """A process on a GPU as the driver reports it."""
+
+    pid: int
+    used_memory_bytes: int | None
+    sm_utilization_ratio: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """A critical error event (XID, or a double-bit ECC error reported as ``code=48``)."""
+
+    uuid: str | None
+    code: int
+    event_type: int
+
+
+@dataclass(slots=True)
+class Gpu:
+    """A live GPU handle plus the adapter's per-GPU state. Stays at the edge (mutable)."""
+
+    index: int
+    uuid: str
+    handle: Any
+    nvlink_count: int = 0
+    field_ids: list[tuple[int, int]] = field(default_factory=list)
+    counters: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
+    gpm_samples: list[Any] | None = None
+    gpm_primed: bool = False
+    process_ts_us: int = 0
+
+
+def install_library(library: object | None) -> None:
+    """Make ``pynvml`` call ``library`` instead of loading ``libnvidia-ml.so.1``.
+
+    ``library`` implements NVML's C symbols as attributes (what ``ctypes.CDLL`` would expose);
+    ``None`` restores the real loader. Missing attributes read as ``FunctionNotFound``, exactly
+    like an old driver that lacks a versioned symbol.
+    """
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = library
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlLib_refcount = 0
+
+
+def _decode(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Nvml:
+    """Reads GPUs through ``pynvml``. Not thread-safe per GPU; the sampler serializes per GPU."""
+
+    def __init__(self, library: object | None = None) -> None:
+        self._library = library
+        self.errors: Counter[str] = Counter()
+        self._logged: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def init(self) -> list[Gpu]:
+        """Initialize NVML and enumerate GPUs. Raises :class:`DriverUnavailable`."""
+        if self._library is not None:
+            install_library(self._library)
+        try:
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            self._count(_DRIVER_GONE.get(exc.value, "init_failed"))
+            raise DriverUnavailable(f"NVML unavailable: {exc}") from exc
+        gpus = []
+        for index in range(count):
+            gpu = self._open(index)
+            if gpu is not None:
+                gpus.append(gpu)
+        return gpus
+
+    def shutdown(self) -> None:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError as exc:
+            log.debug("nvmlShutdown: %s", exc)
+
+    def driver_version(self) -> str | None:
+        value = self._query("system", "driver_version", pynvml.nvmlSystemGetDriverVersion)
+        return None if value is None else _decode(value)
+
+    def _open(self, index: int) -> Gpu | None:
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _decode(pynvml.nvmlDeviceGetUUID(handle))
+        except pynvml.NVMLError as exc:
+            # A GPU that cannot even be opened is reported and skipped; the rest are sampled.
+            self._count("open_failed")
+            self._log_once(f"index {index}", "open", "error", f"cannot open GPU {index}: {exc}")
+            return None
+        gpu = Gpu(index=index, uuid=uuid, handle=handle)
+        gpu.nvlink_count = self._nvlink_count(gpu)
+        gpu.field_ids = _field_ids(gpu.nvlink_count)
+        gpu.gpm_samples = self._gpm_alloc(gpu)
+        return gpu
+
+    def reopen(self, gpu: Gpu) -> Gpu:
+        """Fetch a fresh handle for a GPU that was lost, by index. Raises :class:`GpuLost`."""
+        fresh = self._open(gpu.index)
+        if fresh is None or fresh.uuid != gpu.uuid:
+            raise GpuLost(f"GPU {gpu.index} ({gpu.uuid}) is still gone")
+        return fresh
+
+    # -- the gate ------------------------------------------------------------------------------
+
+    def _query(self, key: str, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call ``fn``; map "not supported" to ``None`` and failures to typed exceptions."""
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as exc:
+            return self._handle(key, name, exc)
+
+    def _first(self, key: str, name: str, fns: Sequence[Callable[..., Any]], *args: Any) -> Any:
+        """The newest of ``fns`` the driver has; fall back on ``FunctionNotFound``."""
+        for fn in fns:
+            try:
+                return fn(*args)
+            except pynvml.NVMLError as exc:
+                if exc.value in (
+                    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                    pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+                ):
+                    continue
+                return self._handle(key, name, exc)
+        self._count("function_not_found")
+        self._log_once(key, name, "function_not_found", f"{name}: no symbol in this driver")
+        return None
+
+    def _handle(self, key: str, name: str, exc: Any) -> None:
+        code = exc.value
+        if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+            self._count("gpu_lost")
+            raise GpuLost(f"{key}: GPU is lost") from exc
+        if code in _DRIVER_GONE:
+            self._count(_DRIVER_GONE[code])
+            raise DriverUnavailable(f"{key}: {exc}") from exc
+        kind = _UNSUPPORTED.get(code, "error")
+        self._count(kind)
+        self._log_once(key, name, kind, f"{key}: {name} not reported ({exc})")
+
+    def _count(self, kind: str) -> None:
+        with self._lock:
+            self.errors[kind] += 1
+
+    def _log_once(self, key: str, name: str, kind: str, message: str) -> None:
+        marker = (key, name, kind)
+        with self._lock:
+            if marker in self._logged:
+                return
+            self._logged.add(marker)
+        level = logging.INFO if kind in _UNSUPPORTED.values() else logging.WARNING
+        log.log(level, message)
+
+    # -- inventory -----------------------------------------------------------------------------
+
+    def device(self, gpu: Gpu, node: str, ts: float) -> Device:
+        """The GPU's identity record (``nvidia-smi --query-gpu=uuid,name,pci.bus_id,...``)."""
+        q = self._query
+        h = gpu.handle
+        pci = self._first(
+            gpu.uuid, "pci", [pynvml.nvmlDeviceGetPciInfo_v3, pynvml.nvmlDeviceGetPciInfo], h
+        )
+        memory = q(gpu.uuid, "memory_total", pynvml.nvmlDeviceGetMemoryInfo, h)
+        limit_mw = q(gpu.uuid, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+        mig = q(gpu.uuid, "mig_mode", pynvml.nvmlDeviceGetMigMode, h)
+        name = q(gpu.uuid, "name", pynvml.nvmlDeviceGetName, h)
+        return Device(
+            node=node,
+            uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            name=None if name is None else _decode(name),
+            pci_bus_id=None if pci is None else _decode(pci.busId),
+            memory_total_bytes=None if memory is None else int(memory.total),
+            power_limit_watts=None if limit_mw is None else limit_mw / 1000.0,
+            mig_mode=None if mig is None else mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE,
+            driver_version=self.driver_version(),
+            nvlink_count=gpu.nvlink_count,
+            last_seen_ts=ts,
+        )
+
+    def _nvlink_count(self, gpu: Gpu) -> int:
+        values = self._query(
+            gpu.uuid,
+            "nvlink_count",
+            pynvml.nvmlDeviceGetFieldValues,
+            gpu.handle,
+            [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT],
+        )
+        if values is None or values[0].nvmlReturn != pynvml.NVML_SUCCESS:
+            return 0
+        return int(values[0].value.uiVal)
+
+    # -- the tick ------------------------------------------------------------------------------
+
+    def sample(self, gpu: Gpu, node: str, ts: float) -> GpuSample:
+        """One reading of every per-tick signal. Raises :class:`GpuLost`."""
+        q = self._query
+        h = gpu.handle
+        uuid = gpu.uuid
+        util = q(uuid, "utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
+        memory = self._memory(gpu)
+        power_mw = q(uuid, "power", pynvml.nvmlDeviceGetPowerUsage, h)
+        energy_mj = q(uuid, "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
+        temperature = q(
+            uuid, "temperature", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU
+        )
+        sm_mhz = q(uuid, "sm_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
+        mem_mhz = q(uuid, "memory_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM)
+        reasons = self._first(
+            uuid,
+            "clock_event_reasons",
+            [
+                pynvml.nvmlDeviceGetCurrentClocksEventReasons,
+                pynvml.nvmlDeviceGetCurrentClocksThrottleReasons,
+            ],
+            h,
+        )
+        fields = self._fields(gpu, ts)
+        gpm = self._gpm(gpu)
+        return GpuSample(
+            ts=ts,
+            node=node,
+            uuid=uuid,
+            gpu_index=gpu.index,
+            up=True,
+            utilization_gpu_ratio=None if util is None else util.gpu / 100.0,
+            utilization_memory_ratio=None if util is None else util.memory / 100.0,
+            memory_used_bytes=memory[0],
+            memory_free_bytes=memory[1],
+            memory_reserved_bytes=memory[2],
+            power_watts=None if power_mw is None else power_mw / 1000.0,
+            energy_joules=None if energy_mj is None else energy_mj / 1000.0,
+            temperature_celsius=None if temperature is None else float(temperature),
+            sm_clock_hertz=None if sm_mhz is None else float(sm_mhz * _MHZ),
+            memory_clock_hertz=None if mem_mhz is None else float(mem_mhz * _MHZ),
+            clock_event_reasons=None if reasons is None else int(reasons),
+            **fields,
+            **gpm,
+        )
+
+    def _memory(self, gpu: Gpu) -> tuple[int | None, int | None, int | None]:
+        """(used, free, reserved) bytes; ``_v2`` reports reserved, v1 does not."""
+        v2 = self._query_v2_memory(gpu)
+        if v2 is not None:
+            return int(v2.used), int(v2.free), int(v2.reserved)
+        v1 = self._query(gpu.uuid, "memory", pynvml.nvmlDeviceGetMemoryInfo, gpu.handle)
+        if v1 is None:
+            return None, None, None
+        return int(v1.used), int(v1.free), None
+
+    def _query_v2_memory(self, gpu: Gpu) -> Any:
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(gpu.handle, version=pynvml.nvmlMemory_v2)
+        except pynvml.NVMLError as exc:
+            if exc.value in _UNSUPPORTED:
+                self._log_once(
+                    gpu.uuid, "memory_v2", "function_not_found", f"{gpu.uuid}: no memory v2"
+                )
+                return None
+            return self._handle(gpu.uuid, "memory", exc)
+
+    def _fields(self, gpu: Gpu, ts: float) -> dict[str, Any]:
+        """PCIe/NVLink rates and ECC totals from one batched field-value call."""
+        values = self._query(
+            gpu.uuid, "field_values", pynvml.nvmlDeviceGetFieldValues, gpu.handle, gpu.field_ids
+        )
+        raw: dict[tuple[int, int], int | None] = {}
+        for fid, value in zip(gpu.field_ids, values or (), strict=False):
+            if value.nvmlReturn == pynvml.NVML_SUCCESS:
+                raw[fid] = int(value.value.ullVal)
+            else:
+                raw[fid] = None
+                self._count(_UNSUPPORTED.get(value.nvmlReturn, "error"))
+                self._log_once(gpu.uuid, f"field {fid[0]}", "field", f"{gpu.uuid}: field {fid} ")
+        rates = {fid: _rate(gpu.counters, fid, ts, raw.get(fid)) for fid in gpu.field_ids}
+        links = range(gpu.nvlink_count)
+        return {
+            "pcie_tx_bytes_per_second": rates.get((pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0)),
+            "pcie_rx_bytes_per_second": rates.get((pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)),
+            "nvlink_tx_bytes_per_second": _sum_links(
+                rates, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, links, _KIB
+            ),
+            "nvlink_rx_bytes_per_second": _sum_links(
+                rates, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, links, _KIB
+            ),
+            "ecc_corrected_errors": raw.get((pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, 0)),
+            "ecc_uncorrected_errors": raw.get((pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0)),
+        }
+
+    def _gpm_alloc(self, gpu: Gpu) -> list[Any] | None:
+        """Two GPM samples when the GPU supports GPM (Hopper and later), else ``None``."""
+        support = self._query(gpu.uuid, "gpm_support", pynvml.nvmlGpmQueryDeviceSupport, gpu.handle)
+        if support is None or not support.isSupportedDevice:
+            return None
+        first = self._query(gpu.uuid, "gpm_alloc", pynvml.nvmlGpmSampleAlloc)
+        second = self._query(gpu.uuid, "gpm_alloc", pynvml.nvmlGpmSampleAlloc)
+        return None if first is None or second is None else [first, second]
+
+    def _gpm(self, gpu: Gpu) -> dict[str, Any]:
+        """SM activity, occupancy, tensor activity and DRAM bandwidth between two ticks."""
+        empty: dict[str, float | None] = {name: None for name, _ in _GPM_METRICS}
+        if gpu.gpm_samples is None:
+            return empty
+        previous, current = gpu.gpm_samples
+        got = self._query(gpu.uuid, "gpm_sample", pynvml.nvmlGpmSampleGet, gpu.handle, current)
+        if got is None:
+            return empty
+        gpu.gpm_samples = [current, previous]
+        if not gpu.gpm_primed:
+            gpu.gpm_primed = True
+            return empty
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(_GPM_METRICS)
+        request.sample1 = previous
+        request.sample2 = current
+        for i, (_, metric_id) in enumerate(_GPM_METRICS):
+            request.metrics[i].metricId = metric_id
+        if self._query(gpu.uuid, "gpm_metrics", pynvml.nvmlGpmMetricsGet, request) is None:
+            return empty
+        out: dict[str, float | None] = {}
+        for i, (name, _) in enumerate(_GPM_METRICS):
+            metric = request.metrics[i]
+            ok = metric.nvmlReturn == pynvml.NVML_SUCCESS
+            out[name] = min(max(metric.value / 100.0, 0.0), 1.0) if ok else None
+        return out
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def processes(self, gpu: Gpu) -> list[ProcessReading]:
+        """Compute and MPS processes with memory and, where supported, SM utilization."""
+        h = gpu.handle
+        compute = self._first(
+            gpu.uuid,
+            "compute_processes",
+            [
+                pynvml.nvmlDeviceGetComputeRunningProcesses_v3,
+                pynvml.nvmlDeviceGetComputeRunningProcesses_v2,
+            ],
+            h,
+        )
+        mps = self._first(
+            gpu.uuid,
+            "mps_processes",
+            [
+                pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v3,
+                pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v2,
+            ],
+            h,
+        )
+        memory: dict[int, int | None] = {}
+        for proc in list(compute or []) + list(mps or []):
+            used = proc.usedGpuMemory
+            memory[int(proc.pid)] = None if used is None else int(used)
+        utilization = self._process_utilization(gpu)
+        return [
+            ProcessReading(
+                pid=pid, used_memory_bytes=used, sm_utilization_ratio=utilization.get(pid)
+            )
+            for pid, used in sorted(memory.items())
+        ]
+
+    def _process_utilization(self, gpu: Gpu) -> dict[int, float]:
+        """Per-pid SM utilization since the last call. ``NotFound`` means "no new samples"."""
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(gpu.handle, gpu.process_ts_us)
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
+                return {}
+            self._handle(gpu.uuid, "process_utilization", exc)
+            return {}
+        out: dict[int, float] = {}
+        for s in samples:
+            out[int(s.pid)] = max(out.get(int(s.pid), 0.0), min(s.smUtil / 100.0, 1.0))
+            gpu.process_ts_us = max(gpu.process_ts_us, int(s.timeStamp))
+        return out
+
+    # -- events --------------------------------------------------------------------------------
+
+    def watch_events(self, gpus: Sequence[Gpu]) -> Any:
+        """Create an event set with XID and double-bit ECC events registered for ``gpus``."""
+        event_set = self._query("system", "event_set", pynvml.nvmlEventSetCreate)
+        if event_set is None:
+            return None
+        for gpu in gpus:
+            self._query(
+                gpu.uuid,
+                "events",
+                pynvml.nvmlDeviceRegisterEvents,
+                gpu.handle,
+                _XID_EVENTS,
+                event_set,
+            )
+        return event_set
+
+    def wait_event(self, event_set: Any, timeout_ms: int) -> XidEvent | None:
+        """Block up to ``timeout_ms`` for one event; ``None`` on timeout."""
+        try:
+            data = pynvml.nvmlEventSetWait_v2(event_set, timeout_ms)
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_TIMEOUT:
+                return None
+            self._handle("system", "event_wait", exc)
+            return None
+        uuid = self._query("system", "event_uuid", pynvml.nvmlDeviceGetUUID, data.device)
+        code = int(data.eventData)
+        if data.eventType == pynvml.nvmlEventTypeDoubleBitEccError:
+            code = 48  # XID 48 is the driver's own code for a double-bit ECC error
+        return XidEvent(
+            uuid=None if uuid is None else _decode(uuid), code=code, event_type=int(data.eventType)
+        )
+
+    def free_events(self, event_set: Any) -> None:
+        self._query("system", "event_free", pynvml.nvmlEventSetFree, event_set)
+
+
+def _field_ids(nvlink_count: int) -> list[tuple[int, int]]:
+    ids = [
+        (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
+        (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
+        (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, 0),
+        (pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0),
+    ]
+    for link in range(nvlink_count):
+        ids.append((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link))
+        ids.append((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link))
+    return ids
+
+
+def _rate(
+    counters: dict[tuple[int, int], tuple[float, int]],
+    fid: tuple[int, int],
+    ts: float,
+    value: int | None,
+) -> float | None:
+    """Counter difference per second since the previous reading; ``None`` on the first, on a
+    reset (the counter went backwards) or when not reported."""
+    if value is None:
+        counters.pop(fid, None)
+        return None
+    previous = counters.get(fid)
+    counters[fid] = (ts, value)
+    if previous is None or ts <= previous[0] or value < previous[1]:
+        return None
+    return (value - previous[1]) / (ts - previous[0])
+
+
+def _sum_links(
+    rates: dict[tuple[int, int], float | None], field_id: int, links: range, scale: int
+) -> float | None:
+    values = [rates.get((field_id, link)) for link in links]
+    present = [v for v in values if v is not None]
+    return sum(present) * scale if present else None

@@ -1,0 +1,356 @@
+"""The sampler: turns the NVML, host and /proc adapters into records, each tick.
+
+It owns the agent's fault handling:
+
+* **No driver**: the agent runs host-only, says so once, records an event and retries NVML with
+  exponential backoff (``gpu_up`` reads 0 meanwhile).
+* **A lost or hung GPU**: the others keep sampling. The GPU is marked down (a sample with
+  ``up=False``), an event is recorded, and it is reopened with backoff. Every GPU's reads run on
+  its own worker with a deadline (:mod:`agent.deadline`), so a hung driver call costs one GPU, not
+  the agent.
+* **Process churn**: a pid that exits between the driver's listing and the ``/proc`` read keeps its
+  sample (pid, memory) without attribution.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from agent.attribution import Attribution, ProcReader
+from agent.deadline import DeadlineExceeded, DeadlineRunner
+from agent.host import HostReader
+from agent.nvml import DriverUnavailable, Gpu, GpuLost, Nvml, NvmlError
+from agent.schema import (
+    AgentEvent,
+    CgroupSample,
+    Device,
+    GpuSample,
+    HostSample,
+    NetSample,
+    Process,
+    ProcessSample,
+)
+from agent.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Retry delays: ``initial`` doubling up to ``maximum`` seconds."""
+
+    initial_seconds: float = 5.0
+    maximum_seconds: float = 300.0
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.initial_seconds * 2 ** max(attempt - 1, 0), self.maximum_seconds))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process on a GPU with its attribution, as the exporter shows it."""
+
+    uuid: str
+    sample: ProcessSample
+    attribution: Attribution | None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The latest readings, for the exporter. Immutable; replaced whole on every tick."""
+
+    node: str
+    driver_up: bool
+    devices: tuple[Device, ...] = ()
+    gpus: tuple[GpuSample, ...] = ()
+    host: HostSample | None = None
+    net: tuple[NetSample, ...] = ()
+    cgroups: tuple[CgroupSample, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
+    ticks_total: int = 0
+    gpu_samples_total: int = 0
+    last_tick_seconds: float | None = None
+    nvml_errors: tuple[tuple[str, int], ...] = ()
+    xid_events: tuple[tuple[str, int], ...] = ()
+    gpu_lost_events: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(slots=True)
+class _GpuState:
+    gpu: Gpu
+    up: bool = True
+    failures: int = 0
+    retry_at: float = 0.0
+    reason: str | None = None
+
+
+@dataclass(slots=True)
+class _Counters:
+    ticks: int = 0
+    gpu_samples: int = 0
+    xid: Counter[str] = field(default_factory=Counter)
+    lost: Counter[str] = field(default_factory=Counter)
+
+
+class Sampler:
+    """Samples one node. ``tick`` and ``scan_processes`` are called by the scheduler."""
+
+    def __init__(
+        self,
+        node: str,
+        nvml: Nvml,
+        host: HostReader,
+        procs: ProcReader,
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        deadline_seconds: float = 2.0,
+        backoff: Backoff = Backoff(),
+    ) -> None:
+        self.node = node
+        self._nvml = nvml
+        self._host = host
+        self._procs = procs
+        self._store = store
+        self._clock = clock
+        self._runner = DeadlineRunner(deadline_seconds)
+        self._backoff = backoff
+        self._gpus: list[_GpuState] = []
+        self._driver_up = False
+        self._driver_failures = 0
+        self._driver_retry_at = 0.0
+        self._devices: dict[str, Device] = {}
+        self._attribution: dict[tuple[int, int | None], Attribution | None] = {}
+        self._counters = _Counters()
+        self._lock = threading.Lock()
+        self._snapshot = Snapshot(node=node, driver_up=False)
+        self._events_stop = threading.Event()
+        self._events_thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the driver (or fall back to host-only) and start the XID watcher."""
+        self._open_driver(self._clock())
+
+    def stop(self) -> None:
+        self._events_stop.set()
+        if self._events_thread is not None:
+            self._events_thread.join(timeout=2.0)
+        self._runner.close()
+        if self._driver_up:
+            self._nvml.shutdown()
+
+    def _open_driver(self, now: float) -> None:
+        try:
+            gpus = self._nvml.init()
+        except DriverUnavailable as exc:
+            self._driver_failures += 1
+            self._driver_retry_at = now + self._backoff.delay(self._driver_failures)
+            if self._driver_failures == 1:
+                log.warning("no usable NVIDIA driver, running host-only: %s", exc)
+                self._event(now, "driver_unavailable", None, str(exc))
+            return
+        if self._driver_failures:
+            log.info("NVIDIA driver available again")
+            self._event(now, "driver_available", None, f"{len(gpus)} GPUs")
+        self._driver_up = True
+        self._driver_failures = 0
+        self._gpus = [_GpuState(gpu) for gpu in gpus]
+        for state in self._gpus:
+            try:
+                self._refresh_device(state.gpu, now)
+            except (GpuLost, DeadlineExceeded, DriverUnavailable) as exc:
+                self._mark_down(state, now, exc)
+        self._start_event_watcher()
+
+    def _refresh_device(self, gpu: Gpu, now: float) -> None:
+        device = self._runner.run(gpu.uuid, lambda: self._nvml.device(gpu, self.node, now))
+        self._devices[gpu.uuid] = device
+        self._store.add([device])
+
+    # -- the tick ------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Sample every GPU and the host once, and buffer the records."""
+        started = time.perf_counter()
+        now = self._clock()
+        if not self._driver_up and now >= self._driver_retry_at:
+            self._open_driver(now)
+        gpu_samples = [self._sample_gpu(state, now) for state in self._gpus]
+        host, net = self._host.sample(now)
+        self._store.add([*gpu_samples, host, *net])
+        with self._lock:
+            self._counters.ticks += 1
+            self._counters.gpu_samples += sum(1 for s in gpu_samples if s.up)
+            self._snapshot = replace(
+                self._snapshot,
+                driver_up=self._driver_up,
+                devices=tuple(self._devices.values()),
+                gpus=tuple(gpu_samples),
+                host=host,
+                net=tuple(net),
+                ticks_total=self._counters.ticks,
+                gpu_samples_total=self._counters.gpu_samples,
+                last_tick_seconds=time.perf_counter() - started,
+                nvml_errors=tuple(sorted(self._nvml.errors.items())),
+                xid_events=tuple(sorted(self._counters.xid.items())),
+                gpu_lost_events=tuple(sorted(self._counters.lost.items())),
+            )
+
+    def _sample_gpu(self, state: _GpuState, now: float) -> GpuSample:
+        gpu = state.gpu
+        if not state.up:
+            if now < state.retry_at:
+                return self._down_sample(gpu, now)
+            if not self._try_reopen(state, now):
+                return self._down_sample(gpu, now)
+        try:
+            return self._runner.run(gpu.uuid, lambda: self._nvml.sample(gpu, self.node, now))
+        except (GpuLost, DeadlineExceeded) as exc:
+            self._mark_down(state, now, exc)
+        except DriverUnavailable as exc:
+            self._mark_down(state, now, exc)
+        return self._down_sample(gpu, now)
+
+    def _down_sample(self, gpu: Gpu, now: float) -> GpuSample:
+        return GpuSample(ts=now, node=self.node, uuid=gpu.uuid, gpu_index=gpu.index, up=False)
+
+    def _mark_down(self, state: _GpuState, now: float, exc: Exception) -> None:
+        state.failures += 1
+        state.retry_at = now + self._backoff.delay(state.failures)
+        if state.up:
+            state.up = False
+            state.reason = "hung" if isinstance(exc, DeadlineExceeded) else "lost"
+            log.error("GPU %d (%s) is %s: %s", state.gpu.index, state.gpu.uuid, state.reason, exc)
+            self._event(now, f"gpu_{state.reason}", state.gpu.uuid, str(exc))
+            with self._lock:
+                self._counters.lost[state.gpu.uuid] += 1
+
+    def _try_reopen(self, state: _GpuState, now: float) -> bool:
+        try:
+            fresh = self._runner.run(state.gpu.uuid, lambda: self._nvml.reopen(state.gpu))
+        except (NvmlError, DeadlineExceeded):
+            state.failures += 1
+            state.retry_at = now + self._backoff.delay(state.failures)
+            return False
+        log.info("GPU %d (%s) is back", fresh.index, fresh.uuid)
+        self._event(now, "gpu_recovered", fresh.uuid, f"after {state.failures} retries")
+        state.gpu, state.up, state.failures, state.reason = fresh, True, 0, None
+        try:
+            self._refresh_device(fresh, now)
+        except (GpuLost, DeadlineExceeded, DriverUnavailable) as exc:
+            self._mark_down(state, now, exc)
+            return False
+        return True
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def scan_processes(self) -> None:
+        """List the processes on every GPU that is up, attribute them, sample their cgroups."""
+        now = self._clock()
+        found: list[GpuProcess] = []
+        for state in self._gpus:
+            if not state.up:
+                continue
+            try:
+                readings = self._runner.run(
+                    state.gpu.uuid,
+                    lambda g=state.gpu: self._nvml.processes(g),  # type: ignore[misc]
+                )
+            except (GpuLost, DeadlineExceeded, DriverUnavailable) as exc:
+                self._mark_down(state, now, exc)
+                continue
+            for reading in readings:
+                found.append(self._process(state.gpu.uuid, reading.pid, now, reading))
+        cgroups = self._host.cgroups(
+            now, [p.attribution.cgroup for p in found if p.attribution and p.attribution.cgroup]
+        )
+        identities = [self._identity(p, now) for p in found if p.attribution]
+        self._store.add([p.sample for p in found] + identities + cgroups)
+        live = {(p.sample.pid, p.sample.start_ticks) for p in found}
+        self._attribution = {k: v for k, v in self._attribution.items() if k in live}
+        with self._lock:
+            self._snapshot = replace(self._snapshot, processes=tuple(found), cgroups=tuple(cgroups))
+
+    def _process(self, uuid: str, pid: int, now: float, reading: object) -> GpuProcess:
+        start = self._procs.start_ticks(pid)
+        key = (pid, start)
+        if key not in self._attribution:
+            self._attribution[key] = self._procs.attribute(pid) if start is not None else None
+        sample = ProcessSample(
+            ts=now,
+            node=self.node,
+            uuid=uuid,
+            pid=pid,
+            start_ticks=start,
+            used_memory_bytes=getattr(reading, "used_memory_bytes", None),
+            sm_utilization_ratio=getattr(reading, "sm_utilization_ratio", None),
+        )
+        return GpuProcess(uuid=uuid, sample=sample, attribution=self._attribution[key])
+
+    def _identity(self, proc: GpuProcess, now: float) -> Process:
+        a = proc.attribution
+        assert a is not None
+        return Process(
+            node=self.node,
+            pid=a.pid,
+            start_ticks=a.start_ticks,
+            comm=a.comm,
+            cmdline=a.cmdline,
+            user=a.user,
+            cgroup=a.cgroup,
+            slurm_job_id=a.slurm_job_id,
+            k8s_pod_uid=a.k8s_pod_uid,
+            container_id=a.container_id,
+            systemd_unit=a.systemd_unit,
+            first_seen_ts=now,
+            last_seen_ts=now,
+        )
+
+    # -- events --------------------------------------------------------------------------------
+
+    def _start_event_watcher(self) -> None:
+        if self._events_thread is not None or not self._gpus:
+            return
+        try:
+            event_set = self._nvml.watch_events([s.gpu for s in self._gpus])
+        except NvmlError as exc:
+            log.warning("XID events unavailable: %s", exc)
+            return
+        if event_set is None:
+            return
+        self._events_thread = threading.Thread(
+            target=self._watch, args=(event_set,), name="nvml-events", daemon=True
+        )
+        self._events_thread.start()
+
+    def _watch(self, event_set: object) -> None:
+        while not self._events_stop.is_set():
+            try:
+                event = self._nvml.wait_event(event_set, 500)
+            except NvmlError as exc:
+                log.warning("XID watcher stopped: %s", exc)
+                return
+            if event is None:
+                continue
+            log.error("XID %d on GPU %s", event.code, event.uuid)
+            self._event(self._clock(), "xid", event.uuid, f"XID {event.code}", code=event.code)
+            with self._lock:
+                self._counters.xid[event.uuid or "unknown"] += 1
+        self._nvml.free_events(event_set)
+
+    def _event(
+        self, now: float, kind: str, uuid: str | None, detail: str, code: int | None = None
+    ) -> None:
+        self._store.add(
+            [AgentEvent(ts=now, node=self.node, kind=kind, uuid=uuid, code=code, detail=detail)]
+        )
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return self._snapshot

@@ -1,0 +1,273 @@
+"""The store contract: immutable records and the DuckDB tables they land in.
+
+Every record is a frozen dataclass whose field names are the column names. Units are in the
+names and were converted once, at the adapter that read them (watts, bytes, ratios from 0 to 1,
+hertz, seconds since the Unix epoch for ``ts``). ``None`` means "not reported" and is stored as
+NULL, never as zero.
+
+``SCHEMA_VERSION`` is written into the store's ``meta`` table. A store written by a newer
+schema is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A GPU's identity: one row per (node, uuid), refreshed when seen."""
+
+    TABLE: ClassVar[str] = "devices"
+    KEY: ClassVar[tuple[str, ...]] = ("node", "uuid")
+
+    node: str
+    uuid: str
+    gpu_index: int
+    name: str | None
+    pci_bus_id: str | None
+    memory_total_bytes: int | None
+    power_limit_watts: float | None
+    mig_mode: bool | None
+    driver_version: str | None
+    nvlink_count: int | None
+    last_seen_ts: float
+    source: str = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One tick of one GPU. Rates come from counter differences since the previous tick."""
+
+    TABLE: ClassVar[str] = "gpu_samples"
+
+    ts: float
+    node: str
+    uuid: str
+    gpu_index: int
+    up: bool
+    utilization_gpu_ratio: float | None = None
+    utilization_memory_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    power_watts: float | None = None
+    energy_joules: float | None = None
+    temperature_celsius: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    clock_event_reasons: int | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    nvlink_tx_bytes_per_second: float | None = None
+    nvlink_rx_bytes_per_second: float | None = None
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    ecc_corrected_errors: int | None = None
+    ecc_uncorrected_errors: int | None = None
+    source: str = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """A process seen on a GPU at one scan."""
+
+    TABLE: ClassVar[str] = "process_samples"
+
+    ts: float
+    node: str
+    uuid: str
+    pid: int
+    start_ticks: int | None
+    used_memory_bytes: int | None
+    sm_utilization_ratio: float | None
+    source: str = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    """A process's identity and attribution. Keyed by (node, pid, start_ticks) against pid reuse.
+
+    ``cmdline`` is redacted before this record exists (see ``agent.redact``).
+    """
+
+    TABLE: ClassVar[str] = "processes"
+    KEY: ClassVar[tuple[str, ...]] = ("node", "pid", "start_ticks")
+
+    node: str
+    pid: int
+    start_ticks: int | None
+    comm: str | None
+    cmdline: str | None
+    user: str | None
+    cgroup: str | None
+    slurm_job_id: str | None
+    k8s_pod_uid: str | None
+    container_id: str | None
+    systemd_unit: str | None
+    first_seen_ts: float
+    last_seen_ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """One tick of the host. Ratios are of all CPUs; PSI values are the kernel's avg10 / 100."""
+
+    TABLE: ClassVar[str] = "host_samples"
+
+    ts: float
+    node: str
+    cpu_busy_ratio: float | None = None
+    cpu_iowait_ratio: float | None = None
+    cpu_steal_ratio: float | None = None
+    load1: float | None = None
+    cpu_count: int | None = None
+    psi_cpu_some_ratio: float | None = None
+    psi_io_some_ratio: float | None = None
+    psi_io_full_ratio: float | None = None
+    psi_memory_some_ratio: float | None = None
+    psi_memory_full_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_available_bytes: int | None = None
+    disk_read_bytes_per_second: float | None = None
+    disk_write_bytes_per_second: float | None = None
+    source: str = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class NetSample:
+    """Traffic of one NIC (``kind='nic'``) or InfiniBand port (``kind='ib'``) over one tick."""
+
+    TABLE: ClassVar[str] = "net_samples"
+
+    ts: float
+    node: str
+    kind: str
+    device: str
+    rx_bytes_per_second: float | None
+    tx_bytes_per_second: float | None
+    source: str = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupSample:
+    """CPU used by a cgroup that owns GPU processes, in cores (1.0 = one core busy)."""
+
+    TABLE: ClassVar[str] = "cgroup_samples"
+
+    ts: float
+    node: str
+    cgroup: str
+    cpu_cores: float | None
+    cpu_limit_cores: float | None
+    source: str = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEvent:
+    """Something that happened to the agent or a GPU: an XID, a GPU lost, the driver missing."""
+
+    TABLE: ClassVar[str] = "agent_events"
+
+    ts: float
+    node: str
+    kind: str
+    uuid: str | None
+    code: int | None
+    detail: str
+
+
+SAMPLE_RECORDS: tuple[type[Any], ...] = (
+    GpuSample,
+    ProcessSample,
+    HostSample,
+    NetSample,
+    CgroupSample,
+    AgentEvent,
+)
+KEYED_RECORDS: tuple[type[Any], ...] = (Device, Process)
+ALL_RECORDS: tuple[type[Any], ...] = SAMPLE_RECORDS + KEYED_RECORDS
+
+#: Columns that per-minute rollups summarize (mean, min, max, p95), per table.
+ROLLUP_COLUMNS: dict[str, tuple[str, ...]] = {
+    "gpu_samples": (
+        "utilization_gpu_ratio",
+        "utilization_memory_ratio",
+        "memory_used_bytes",
+        "power_watts",
+        "temperature_celsius",
+        "sm_clock_hertz",
+        "pcie_tx_bytes_per_second",
+        "pcie_rx_bytes_per_second",
+        "nvlink_tx_bytes_per_second",
+        "nvlink_rx_bytes_per_second",
+        "sm_active_ratio",
+        "sm_occupancy_ratio",
+        "tensor_active_ratio",
+        "dram_active_ratio",
+    ),
+    "host_samples": (
+        "cpu_busy_ratio",
+        "cpu_iowait_ratio",
+        "cpu_steal_ratio",
+        "load1",
+        "psi_cpu_some_ratio",
+        "psi_io_some_ratio",
+        "psi_memory_some_ratio",
+        "memory_used_bytes",
+        "disk_read_bytes_per_second",
+        "disk_write_bytes_per_second",
+    ),
+}
+#: Rollup grouping keys per table, besides the minute.
+ROLLUP_KEYS: dict[str, tuple[str, ...]] = {
+    "gpu_samples": ("node", "uuid", "gpu_index"),
+    "host_samples": ("node",),
+}
+
+_SQL_TYPES = {
+    "float": "DOUBLE",
+    "int": "BIGINT",
+    "str": "VARCHAR",
+    "bool": "BOOLEAN",
+}
+
+
+def columns(record: type[Any]) -> tuple[str, ...]:
+    """The column names of a record type, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(record))
+
+
+def _sql_type(annotation: str) -> str:
+    base = annotation.replace(" | None", "").strip()
+    return _SQL_TYPES[base]
+
+
+def create_table_sql(record: type[Any]) -> str:
+    """DDL for a record's table. Keyed records are upserted by the store, not by a constraint."""
+    cols = []
+    for f in dataclasses.fields(record):
+        annotation = str(f.type)
+        not_null = "" if "None" in annotation else " NOT NULL"
+        cols.append(f"{f.name} {_sql_type(annotation)}{not_null}")
+    return f"CREATE TABLE IF NOT EXISTS {record.TABLE} ({', '.join(cols)})"
+
+
+def rollup_table_sql(table: str) -> str:
+    """DDL for a table's per-minute rollup (``<table>_1m``)."""
+    cols = ["minute_ts DOUBLE NOT NULL", "samples BIGINT NOT NULL"]
+    cols += [f"{k} {'BIGINT' if k == 'gpu_index' else 'VARCHAR'}" for k in ROLLUP_KEYS[table]]
+    for c in ROLLUP_COLUMNS[table]:
+        cols += [f"{c}_{agg} DOUBLE" for agg in ("mean", "min", "max", "p95")]
+    return f"CREATE TABLE IF NOT EXISTS {table}_1m ({', '.join(cols)})"
+
+
+def as_row(record: Any) -> tuple[Any, ...]:
+    """A record's values in column order."""
+    return tuple(getattr(record, name) for name in columns(type(record)))

@@ -1,0 +1,128 @@
+"""The running agent: APScheduler jobs, the metrics endpoint and a clean shutdown.
+
+Jobs (all ``max_instances=1`` so a slow run never overlaps the next, and ``coalesce=True`` so
+missed runs collapse into one instead of piling up):
+
+=================  ===========================  ==========================================
+job                default interval             what it does
+=================  ===========================  ==========================================
+``sample``         1 s                          every GPU and the host
+``process_scan``   5 s                          processes on each GPU, attribution, cgroups
+``flush``          10 s                         buffered rows into the store
+``rollup``         5 min                        per-minute summaries of complete minutes
+``prune``          1 h                          retention
+=================  ===========================  ==========================================
+
+SIGTERM and SIGINT stop the scheduler, wait for running jobs, and flush the buffer one last time.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from agent.config import AgentConfig
+from agent.exporter import MetricsServer
+from agent.sampler import Sampler
+from agent.store import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """The parts of a running agent, composed by the CLI."""
+
+    config: AgentConfig
+    sampler: Sampler
+    store: Store
+    serve: Callable[[], MetricsServer]
+
+
+def _guard(name: str, fn: Callable[[], object]) -> Callable[[], None]:
+    """Store failures are expected faults (already logged once by the store); keep the job."""
+
+    def run() -> None:
+        try:
+            fn()
+        except StoreError as exc:
+            log.debug("%s: %s", name, exc)
+
+    run.__name__ = name
+    return run
+
+
+def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> BackgroundScheduler:
+    """A started scheduler with the agent's five jobs."""
+    c = agent.config
+    scheduler = BackgroundScheduler(
+        timezone="UTC",
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+    )
+    now = clock
+
+    jobs: list[tuple[str, Callable[[], object], float]] = [
+        ("sample", agent.sampler.tick, c.interval),
+        ("process_scan", agent.sampler.scan_processes, c.process_interval),
+        ("flush", agent.store.flush, c.flush_interval),
+        ("rollup", lambda: agent.store.rollup(now()), c.rollup_interval),
+        ("prune", lambda: agent.store.prune(now()), c.prune_interval),
+    ]
+    for name, fn, seconds in jobs:
+        scheduler.add_job(_guard(name, fn), "interval", seconds=seconds, id=name, name=name)
+    scheduler.start()
+    return scheduler
+
+
+def run(agent: Agent, stop: threading.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT, ``stop`` or ``config.duration``; return the exit code."""
+    stop = stop or threading.Event()
+    _install_signal_handlers(stop)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    agent.sampler.start()
+    server = agent.serve()
+    log.info(
+        "aiscope agent on %s: metrics at http://%s:%d/metrics, store %s",
+        agent.config.node,
+        agent.config.listen_host,
+        server.server.server_port,
+        agent.config.store,
+    )
+    agent.sampler.tick()
+    scheduler = schedule(agent)
+    try:
+        stop.wait(agent.config.duration)
+    finally:
+        scheduler.shutdown(wait=True)
+        agent.sampler.stop()
+        _final_flush(agent.store)
+        server.close()
+    return 0
+
+
+def _final_flush(store: Store) -> None:
+    try:
+        written = store.flush()
+        log.info("final flush: %d rows", written)
+    except StoreError as exc:
+        stats = store.stats()
+        log.error("final flush failed, %d rows lost: %s", stats.buffered_rows, exc)
+
+
+def _install_signal_handlers(stop: threading.Event) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)

@@ -1,0 +1,453 @@
+"""The store: one DuckDB file per node, written in short transactions by the agent.
+
+Why short-lived connections: DuckDB lets one process hold a database file for writing, and any
+other process that opens it then fails with "Conflicting lock". The agent therefore never keeps the
+file open. Each flush (every 10 s by default) opens the file, writes everything buffered in one
+transaction and closes it again, so the file is free more than 99% of the time and a reader
+(``aiscope analyze``, ``aiscope report``, ``aiscope store info``) gets in by retrying for a moment
+(:func:`connect_read_only`). When a reader holds the file across a flush, the flush fails, the rows
+stay in the bounded buffer and go out with the next flush: nothing is lost unless the buffer
+overflows, and then the oldest rows are dropped and counted.
+
+Durability: each flush is one transaction. DuckDB's write-ahead log makes a committed flush
+survive ``kill -9``; an interrupted one is rolled back on the next open. At most one flush interval
+of samples is lost.
+
+Only this module and the analyzer's loader touch ``duckdb``; all SQL takes its values as
+parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from agent.schema import (
+    ALL_RECORDS,
+    KEYED_RECORDS,
+    ROLLUP_COLUMNS,
+    ROLLUP_KEYS,
+    SAMPLE_RECORDS,
+    SCHEMA_VERSION,
+    as_row,
+    columns,
+    create_table_sql,
+    rollup_table_sql,
+)
+
+log = logging.getLogger(__name__)
+
+_CONFIG = {"threads": 1, "autoinstall_known_extensions": False, "autoload_known_extensions": False}
+_SAMPLE_TABLES = {r.TABLE: r for r in SAMPLE_RECORDS}
+_KEYED_TABLES = {r.TABLE: r for r in KEYED_RECORDS}
+_TS_COLUMNS = {r.TABLE: "ts" for r in SAMPLE_RECORDS}
+#: Rollups lag real time by this much, so late rows of a minute are not cut off.
+_ROLLUP_LATENESS_SECONDS = 120.0
+
+
+class StoreError(Exception):
+    """The store cannot be opened, read or written."""
+
+
+class StoreLocked(StoreError):
+    """Another process holds the database file."""
+
+
+class SchemaMismatch(StoreError):
+    """The store was written by a newer (or unknown) schema version."""
+
+
+def _wrap(path: Path, exc: duckdb.Error) -> StoreError:
+    message = str(exc).splitlines()[0]
+    if "lock" in message.lower():
+        return StoreLocked(f"{path}: held by another process ({message})")
+    return StoreError(f"{path}: {message}")
+
+
+def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(str(path), read_only=read_only, config=dict(_CONFIG))
+    except duckdb.Error as exc:
+        raise _wrap(path, exc) from exc
+
+
+def connect_read_only(
+    path: Path,
+    timeout_seconds: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> duckdb.DuckDBPyConnection:
+    """Open a store for reading, retrying while the agent holds it for a flush.
+
+    Raises :class:`StoreLocked` after ``timeout_seconds``, :class:`StoreError` when the file is
+    missing or not a DuckDB store, and :class:`SchemaMismatch` for a newer schema.
+    """
+    if not path.exists():
+        raise StoreError(f"{path}: no such store (run `aiscope agent run` or `aiscope simulate`)")
+    deadline = clock() + timeout_seconds
+    delay = 0.02
+    while True:
+        try:
+            con = _connect(path, read_only=True)
+            break
+        except StoreLocked:
+            if clock() >= deadline:
+                raise
+            sleep(delay)
+            delay = min(delay * 2, 0.5)
+    try:
+        check_schema(con, path)
+    except StoreError:
+        con.close()
+        raise
+    return con
+
+
+def check_schema(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Refuse a store whose schema is newer than this code, or that is not an aiscope store."""
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = ?", ["schema_version"]).fetchone()
+    except duckdb.CatalogException:
+        raise StoreError(f"{path}: not an aiscope store (no meta table)") from None
+    except duckdb.Error as exc:
+        raise _wrap(path, exc) from exc
+    version = int(row[0]) if row and str(row[0]).isdigit() else None
+    if version is None or version > SCHEMA_VERSION:
+        raise SchemaMismatch(
+            f"{path}: schema version {row[0] if row else 'missing'} is not readable by this "
+            f"aiscope (schema {SCHEMA_VERSION}); upgrade aiscope"
+        )
+
+
+def initialize(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Create the tables of this schema version (idempotent) and check the stored version."""
+    con.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
+    con.execute(
+        "INSERT INTO meta VALUES (?, ?) ON CONFLICT DO NOTHING",
+        ["schema_version", str(SCHEMA_VERSION)],
+    )
+    check_schema(con, path)
+    for record in ALL_RECORDS:
+        con.execute(create_table_sql(record))
+    for table in ROLLUP_COLUMNS:
+        con.execute(rollup_table_sql(table))
+
+
+def insert_rows(
+    con: duckdb.DuckDBPyConnection, table: str, cols: tuple[str, ...], rows: list[tuple[Any, ...]]
+) -> None:
+    """Insert many rows in one statement: one list parameter per column, unnested.
+
+    ``executemany`` costs ~1 ms per row in DuckDB; this costs ~2 ms per thousand.
+    """
+    if not rows:
+        return
+    by_column = list(zip(*rows, strict=True))
+    select = ", ".join(f"UNNEST(${i + 1})" for i in range(len(cols)))
+    con.execute(
+        f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select}", [list(c) for c in by_column]
+    )
+
+
+def upsert_rows(
+    con: duckdb.DuckDBPyConnection, record: type[Any], rows: list[tuple[Any, ...]]
+) -> None:
+    """Replace rows of a keyed table by key, keeping the earliest ``first_seen_ts``."""
+    if not rows:
+        return
+    table, cols, key = record.TABLE, columns(record), record.KEY
+    con.execute(f"CREATE OR REPLACE TEMP TABLE stage AS SELECT * FROM {table} LIMIT 0")
+    insert_rows(con, "stage", cols, rows)
+    match = " AND ".join(f"t.{k} IS NOT DISTINCT FROM s.{k}" for k in key)
+    if "first_seen_ts" in cols:
+        con.execute(
+            f"UPDATE stage s SET first_seen_ts = LEAST(s.first_seen_ts, t.first_seen_ts) "
+            f"FROM {table} t WHERE {match}"
+        )
+    con.execute(f"DELETE FROM {table} t USING stage s WHERE {match}")
+    con.execute(f"INSERT INTO {table} SELECT * FROM stage")
+    con.execute("DROP TABLE stage")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """The writer's health, for the exporter."""
+
+    buffered_rows: int
+    dropped_rows_total: int
+    flushes_total: int
+    flush_failures_total: int
+    rows_written_total: int
+    last_flush_seconds: float | None
+    last_flush_ok: bool | None
+
+
+class _Buffer:
+    """Bounded per-table queues of rows with sequence numbers, plus latest-wins keyed rows."""
+
+    def __init__(self, capacity_rows: int) -> None:
+        self.capacity = capacity_rows
+        self.rows: dict[str, deque[tuple[int, tuple[Any, ...]]]] = {
+            t: deque() for t in _SAMPLE_TABLES
+        }
+        self.keyed: dict[str, dict[tuple[Any, ...], tuple[Any, ...]]] = {
+            t: {} for t in _KEYED_TABLES
+        }
+        self.seq = 0
+        self.dropped = 0
+
+    def add(self, record: Any) -> None:
+        table = type(record).TABLE
+        if table in self.keyed:
+            key = tuple(getattr(record, k) for k in type(record).KEY)
+            self.keyed[table][key] = as_row(record)
+            return
+        queue = self.rows[table]
+        if len(queue) >= self.capacity:
+            queue.popleft()
+            self.dropped += 1
+        self.seq += 1
+        queue.append((self.seq, as_row(record)))
+
+    def depth(self) -> int:
+        return sum(len(q) for q in self.rows.values())
+
+
+class Store:
+    """The agent's writer. Thread-safe: samplers ``add`` while the flush job writes."""
+
+    def __init__(
+        self,
+        path: Path,
+        buffer_capacity_rows: int = 100_000,
+        raw_retention_seconds: float = 14 * 86400,
+        rollup_retention_seconds: float = 400 * 86400,
+    ) -> None:
+        self.path = path
+        self.raw_retention_seconds = raw_retention_seconds
+        self.rollup_retention_seconds = rollup_retention_seconds
+        self._buffer = _Buffer(buffer_capacity_rows)
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._initialized = False
+        self._flushes = 0
+        self._failures = 0
+        self._written = 0
+        self._last_seconds: float | None = None
+        self._last_ok: bool | None = None
+        self._last_error: str | None = None
+
+    # -- buffering -----------------------------------------------------------------------------
+
+    def add(self, records: Iterable[Any]) -> None:
+        with self._lock:
+            for record in records:
+                self._buffer.add(record)
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            return StoreStats(
+                buffered_rows=self._buffer.depth(),
+                dropped_rows_total=self._buffer.dropped,
+                flushes_total=self._flushes,
+                flush_failures_total=self._failures,
+                rows_written_total=self._written,
+                last_flush_seconds=self._last_seconds,
+                last_flush_ok=self._last_ok,
+            )
+
+    def oldest_buffered_ts(self) -> float | None:
+        with self._lock:
+            heads = [q[0][1][0] for q in self._buffer.rows.values() if q]
+        return min(heads) if heads else None
+
+    # -- writing -------------------------------------------------------------------------------
+
+    @contextmanager
+    def _writer(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived read-write connection, schema created on first use."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        con = _connect(self.path, read_only=False)
+        try:
+            if not self._initialized:
+                initialize(con, self.path)
+                self._initialized = True
+            yield con
+        except duckdb.Error as exc:
+            raise _wrap(self.path, exc) from exc
+        finally:
+            con.close()
+
+    def flush(self) -> int:
+        """Write everything buffered in one transaction; return the rows written.
+
+        On failure the rows stay buffered and :class:`StoreError` is raised (logged once per
+        distinct error by the caller's scheduler wrapper).
+        """
+        with self._write_lock:
+            with self._lock:
+                batch = {t: list(q) for t, q in self._buffer.rows.items() if q}
+                keyed = {t: dict(rows) for t, rows in self._buffer.keyed.items() if rows}
+            if not batch and not keyed:
+                return 0
+            started = time.perf_counter()
+            try:
+                self._write(batch, keyed)
+            except (StoreError, OSError) as exc:
+                self._record(started, ok=False, error=str(exc))
+                raise StoreError(str(exc)) from exc
+            written = self._release(batch, keyed)
+            self._record(started, ok=True, error=None, written=written)
+            return written
+
+    def _write(
+        self,
+        batch: dict[str, list[tuple[int, tuple[Any, ...]]]],
+        keyed: dict[str, dict[tuple[Any, ...], tuple[Any, ...]]],
+    ) -> None:
+        with self._writer() as con:
+            con.execute("BEGIN TRANSACTION")
+            for table, items in batch.items():
+                insert_rows(con, table, columns(_SAMPLE_TABLES[table]), [r for _, r in items])
+            for table, rows in keyed.items():
+                upsert_rows(con, _KEYED_TABLES[table], list(rows.values()))
+            con.execute("COMMIT")
+
+    def _release(
+        self,
+        batch: dict[str, list[tuple[int, tuple[Any, ...]]]],
+        keyed: dict[str, dict[tuple[Any, ...], tuple[Any, ...]]],
+    ) -> int:
+        """Drop what was written from the buffer (rows added meanwhile stay)."""
+        with self._lock:
+            for table, items in batch.items():
+                last_seq = items[-1][0]
+                queue = self._buffer.rows[table]
+                while queue and queue[0][0] <= last_seq:
+                    queue.popleft()
+            for table, rows in keyed.items():
+                live = self._buffer.keyed[table]
+                for key, row in rows.items():
+                    if live.get(key) is row:
+                        del live[key]
+        return sum(len(i) for i in batch.values()) + sum(len(r) for r in keyed.values())
+
+    def _record(self, started: float, ok: bool, error: str | None, written: int = 0) -> None:
+        with self._lock:
+            self._flushes += 1
+            self._last_seconds = time.perf_counter() - started
+            self._last_ok = ok
+            self._written += written
+            if not ok:
+                self._failures += 1
+                if error != self._last_error:
+                    log.warning("store write failed, keeping rows buffered: %s", error)
+            elif self._last_error is not None:
+                log.info("store writable again")
+            self._last_error = error
+
+    # -- maintenance ---------------------------------------------------------------------------
+
+    def rollup(self, now: float) -> int:
+        """Summarize complete minutes into ``<table>_1m``; return the minutes written.
+
+        Minutes are rolled up once, up to a watermark that stays behind both real time and the
+        oldest row still waiting in the buffer, so a store that was locked for a while still
+        gets complete minutes.
+        """
+        oldest = self.oldest_buffered_ts()
+        limit = now - _ROLLUP_LATENESS_SECONDS
+        if oldest is not None:
+            limit = min(limit, oldest)
+        until = math.floor(limit / 60.0) * 60.0
+        written = 0
+        with self._write_lock, self._writer() as con:
+            for table in ROLLUP_COLUMNS:
+                written += _rollup_table(con, table, until)
+        return written
+
+    def prune(self, now: float) -> int:
+        """Delete raw rows past raw retention (only once rolled up) and rollups past theirs."""
+        deleted = 0
+        with self._write_lock, self._writer() as con:
+            for table in _SAMPLE_TABLES:
+                cutoff = now - self.raw_retention_seconds
+                if table in ROLLUP_COLUMNS:
+                    cutoff = min(cutoff, _watermark(con, table))
+                if table == "agent_events":
+                    cutoff = now - self.rollup_retention_seconds
+                deleted += _delete_before(con, table, "ts", cutoff)
+            for table in ROLLUP_COLUMNS:
+                cutoff = now - self.rollup_retention_seconds
+                deleted += _delete_before(con, f"{table}_1m", "minute_ts", cutoff)
+            deleted += _delete_before(
+                con, "processes", "last_seen_ts", now - self.rollup_retention_seconds
+            )
+        return deleted
+
+
+def _watermark(con: duckdb.DuckDBPyConnection, table: str) -> float:
+    row = con.execute("SELECT value FROM meta WHERE key = ?", [f"rollup_until:{table}"]).fetchone()
+    return float(row[0]) if row else float("-inf")
+
+
+def _rollup_table(con: duckdb.DuckDBPyConnection, table: str, until: float) -> int:
+    start = _watermark(con, table)
+    if start == float("-inf"):
+        first = con.execute(f"SELECT min(ts) FROM {table}").fetchone()
+        if first is None or first[0] is None:
+            return 0
+        start = math.floor(first[0] / 60.0) * 60.0
+    if until <= start:
+        return 0
+    keys = ROLLUP_KEYS[table]
+    aggregates = []
+    for c in ROLLUP_COLUMNS[table]:
+        aggregates += [f"avg({c})", f"min({c})", f"max({c})", f"quantile_cont({c}, 0.95)"]
+    group = ", ".join(str(i + 3) for i in range(len(keys)))
+    con.execute("BEGIN TRANSACTION")
+    count = con.execute(
+        f"INSERT INTO {table}_1m SELECT floor(ts / 60) * 60, count(*), {', '.join(keys)}, "
+        f"{', '.join(aggregates)} FROM {table} WHERE ts >= ? AND ts < ? GROUP BY 1, {group}",
+        [start, until],
+    ).fetchone()
+    con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [f"rollup_until:{table}", repr(until)])
+    con.execute("COMMIT")
+    return int(count[0]) if count else 0
+
+
+def _delete_before(con: duckdb.DuckDBPyConnection, table: str, column: str, cutoff: float) -> int:
+    if cutoff == float("-inf"):
+        return 0
+    row = con.execute(f"DELETE FROM {table} WHERE {column} < ?", [cutoff]).fetchone()
+    return int(row[0]) if row else 0
+
+
+def table_summary(
+    con: duckdb.DuckDBPyConnection,
+) -> list[tuple[str, int, float | None, float | None]]:
+    """(table, rows, first ts, last ts) for every table of the store, for ``store info``."""
+    out: list[tuple[str, int, float | None, float | None]] = []
+    for record in ALL_RECORDS:
+        table = record.TABLE
+        ts = _TS_COLUMNS.get(table, "last_seen_ts")
+        row = con.execute(f"SELECT count(*), min({ts}), max({ts}) FROM {table}").fetchone()
+        if row:
+            out.append((table, int(row[0]), row[1], row[2]))
+    for table in ROLLUP_COLUMNS:
+        row = con.execute(
+            f"SELECT count(*), min(minute_ts), max(minute_ts) FROM {table}_1m"
+        ).fetchone()
+        if row:
+            out.append((f"{table}_1m", int(row[0]), row[1], row[2]))
+    return out

@@ -1,0 +1,7 @@
+"""``python -m aiscope``."""
+
+import sys
+
+from aiscope.cli import main
+
+sys.exit(main())

@@ -1,0 +1,225 @@
+"""The ``aiscope`` command line: a thin edge that composes the agent and the analyzer.
+
+Each command builds a frozen config, calls one library function, and maps the project's errors to
+an exit code and one line on stderr that starts with ``aiscope:`` (see ``shared/CONTRACT.md``):
+``2`` for bad usage or bad input, ``1`` for any other failure. ``--debug`` shows tracebacks.
+Heavy imports happen inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+
+from aiscope import __version__
+
+app = typer.Typer(
+    name="aiscope",
+    help="What your GPU fleet is really doing: sample it, store it, analyze it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+agent_app = typer.Typer(help="Run the per-node agent.", no_args_is_help=True)
+store_app = typer.Typer(help="Inspect a store.", no_args_is_help=True)
+app.add_typer(agent_app, name="agent")
+app.add_typer(store_app, name="store")
+
+
+class UserError(Exception):
+    """Bad usage or bad input: exit code 2."""
+
+
+class Failure(Exception):
+    """Anything else that stops a command: exit code 1."""
+
+
+_STATE = {"debug": False}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"aiscope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
+) -> None:
+    """aiscope: GPU fleet telemetry, analysis and recommendations.
+
+    \b
+    Examples:
+      aiscope agent run --virtual-gpus 8 --duration 60
+      aiscope store info --store ./aiscope.duckdb
+    """
+    _STATE["debug"] = debug
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@agent_app.command("run")
+def agent_run(
+    store: Annotated[
+        Path | None,
+        typer.Option(
+            help="DuckDB store file (or directory). Default: $AISCOPE_STORE or "
+            "~/.local/share/aiscope/aiscope.duckdb."
+        ),
+    ] = None,
+    listen: Annotated[
+        str | None, typer.Option(help="HOST:PORT for /metrics. Default 127.0.0.1:9835.")
+    ] = None,
+    interval: Annotated[float | None, typer.Option(help="Seconds between GPU samples (1).")] = None,
+    process_interval: Annotated[
+        float | None, typer.Option(help="Seconds between process scans (5).")
+    ] = None,
+    flush_interval: Annotated[
+        float | None, typer.Option(help="Seconds between store flushes (10).")
+    ] = None,
+    node: Annotated[str | None, typer.Option(help="Node name. Default: the hostname.")] = None,
+    duration: Annotated[
+        float | None,
+        typer.Option(help="Stop after this many seconds (default: run until SIGTERM/SIGINT)."),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="TOML file with an [agent] table ($AISCOPE_CONFIG).")
+    ] = None,
+    virtual_gpus: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Sample N virtual GPUs with a synthetic load instead of "
+            "the real driver (no GPU needed).",
+        ),
+    ] = None,
+    virtual_model: Annotated[
+        str,
+        typer.Option(
+            help="GPU model of the virtual GPUs: A100-40GB, A100-80GB, H100-80GB, "
+            "H200-141GB, L4, L40S."
+        ),
+    ] = "H100-80GB",
+) -> None:
+    """Run the agent in the foreground: sample GPUs and host into the store, serve /metrics.
+
+    Settings come from flags, then AISCOPE_* variables (AISCOPE_INTERVAL, AISCOPE_LISTEN, ...),
+    then the TOML file.
+
+    \b
+    Examples:
+      aiscope agent run --store /var/lib/aiscope --listen 0.0.0.0:9835
+      aiscope agent run --virtual-gpus 8 --store /tmp/demo.duckdb --duration 60
+      AISCOPE_INTERVAL=0.5 aiscope agent run --config /etc/aiscope/agent.toml
+    """
+    from agent.config import ConfigError, load_config  # noqa: PLC0415
+
+    flags = {
+        "store": store,
+        "listen": listen,
+        "interval": interval,
+        "process_interval": process_interval,
+        "flush_interval": flush_interval,
+        "node": node,
+        "duration": duration,
+    }
+    try:
+        cfg = load_config(flags, config_file=config)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    from agent import service  # noqa: PLC0415
+    from aiscope.compose import build_agent  # noqa: PLC0415
+
+    try:
+        built = build_agent(cfg, virtual_gpus=virtual_gpus, virtual_model=virtual_model)
+        service.run(built)
+    except KeyError as exc:
+        raise UserError(f"--virtual-model: {exc.args[0]}") from exc
+    except OSError as exc:
+        raise Failure(f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: {exc}") from exc
+
+
+@store_app.command("info")
+def store_info(
+    store: Annotated[Path | None, typer.Option(help="Store file or directory.")] = None,
+    output_format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+    wait: Annotated[
+        float, typer.Option(help="Seconds to wait for the agent to release the store.")
+    ] = 10.0,
+) -> None:
+    """Show a store's schema version and, per table, its rows and time span.
+
+    Works while the agent is running and writing.
+
+    \b
+    Examples:
+      aiscope store info --store /var/lib/aiscope
+      aiscope store info --store node1.duckdb --format json
+    """
+    from agent.config import default_store, resolve_store  # noqa: PLC0415
+    from agent.store import SchemaMismatch, StoreError, StoreLocked  # noqa: PLC0415
+    from aiscope.compose import describe_store  # noqa: PLC0415
+
+    if output_format not in ("text", "json"):
+        raise UserError(f"--format: expected text or json, got {output_format!r}")
+    path = resolve_store(store) if store else default_store()
+    try:
+        info = describe_store(path, wait)
+    except StoreLocked as exc:
+        raise Failure(str(exc)) from exc
+    except (SchemaMismatch, StoreError) as exc:
+        raise UserError(str(exc)) from exc
+    if output_format == "json":
+        typer.echo(json.dumps(info, indent=2))
+        return
+    typer.echo(f"store {info['path']} (schema {info['schema_version']})")
+    typer.echo(f"{'table':<20} {'rows':>12}  {'first':<20}  {'last':<20}")
+    for t in info["tables"]:
+        typer.echo(
+            f"{t['table']:<20} {t['rows']:>12}  {t['first'] or '-':<20}  {t['last'] or '-':<20}"
+        )
+
+
+def _fail(message: str, code: int) -> int:
+    typer.echo(f"aiscope: {message}", err=True)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the app and turn every error into one line and an exit code."""
+    command = typer.main.get_command(app)
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        command.main(args=args, prog_name="aiscope", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code or 0)
+    except click.exceptions.Abort:
+        return _fail("aborted", 1)
+    except click.ClickException as exc:
+        return _fail(exc.format_message().replace("\n", " "), 2)
+    except UserError as exc:
+        if _STATE["debug"]:
+            raise
+        return _fail(str(exc), 2)
+    except Failure as exc:
+        if _STATE["debug"]:
+            raise
+        return _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    return 0
