@@ -74,12 +74,13 @@ def _positive_float(value: Any) -> float:
 
 
 def _positive_int(value: Any) -> int:
-    if isinstance(value, float) and not value.is_integer():
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a positive whole number") from None
+    if not (math.isfinite(number) and number.is_integer() and number > 0):
         raise ValueError("expected a positive whole number")
-    number = int(value)
-    if number <= 0:
-        raise ValueError("expected a positive whole number")
-    return number
+    return int(number)
 
 
 def parse_listen(value: str) -> tuple[str, int]:

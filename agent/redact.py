@@ -21,11 +21,11 @@ _SECRET_WORD = (
     r"(?:pass(?:word|wd|phrase)?|secret|token|api[-_]?key|apikey|access[-_]?key|private[-_]?key"
     r"|secret[-_]?key|credentials?|auth(?:orization)?|session[-_]?key|client[-_]?secret|key)"
 )
-# A flag like --token, --hf-token, --db-password, --api-key, -password.
-_SECRET_FLAG = re.compile(rf"^--?(?:[\w-]*[-_])?{_SECRET_WORD}$", re.IGNORECASE)
+# A flag like --token, --hf-token, --db-password, --api-key, -password, --NotebookApp.token.
+_SECRET_FLAG = re.compile(rf"^--?(?:[\w.-]*[-_.])?{_SECRET_WORD}$", re.IGNORECASE)
 # NAME=VALUE where NAME is a secret-looking identifier (env style or flag style).
 _SECRET_ASSIGNMENT = re.compile(
-    rf"^(?P<name>--?(?:[\w-]*[-_])?{_SECRET_WORD}|(?:[A-Za-z0-9]+[_-])*{_SECRET_WORD})=(?P<value>.*)$",
+    rf"^(?P<name>--?(?:[\w.-]*[-_.])?{_SECRET_WORD}|(?:[A-Za-z0-9]+[_.-])*{_SECRET_WORD})=(?P<value>.*)$",
     re.IGNORECASE,
 )
 _URL_CREDENTIALS = re.compile(

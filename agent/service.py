@@ -87,6 +87,7 @@ def run(agent: Agent, stop: threading.Event | None = None) -> int:
     _install_signal_handlers(stop)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     agent.sampler.start()
+    agent.sampler.tick()  # the first scrape already sees every GPU
     server = agent.serve()
     log.info(
         "aiscope agent on %s: metrics at http://%s:%d/metrics, store %s",
@@ -95,7 +96,6 @@ def run(agent: Agent, stop: threading.Event | None = None) -> int:
         server.server.server_port,
         agent.config.store,
     )
-    agent.sampler.tick()
     scheduler = schedule(agent)
     try:
         stop.wait(agent.config.duration)

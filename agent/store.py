@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -70,7 +71,9 @@ class SchemaMismatch(StoreError):
 def _wrap(path: Path, exc: duckdb.Error) -> StoreError:
     message = str(exc).splitlines()[0]
     if "lock" in message.lower():
-        return StoreLocked(f"{path}: held by another process ({message})")
+        holder = re.search(r"\(PID (\d+)\)", message)
+        who = f"process {holder.group(1)}" if holder else "another process"
+        return StoreLocked(f"{path}: the store is held by {who}; retry when it is released")
     return StoreError(f"{path}: {message}")
 
 
@@ -303,9 +306,12 @@ class Store:
             started = time.perf_counter()
             try:
                 self._write(batch, keyed)
-            except (StoreError, OSError) as exc:
+            except StoreError as exc:
                 self._record(started, ok=False, error=str(exc))
-                raise StoreError(str(exc)) from exc
+                raise
+            except OSError as exc:
+                self._record(started, ok=False, error=str(exc))
+                raise StoreError(f"{self.path}: {exc.strerror or exc}") from exc
             written = self._release(batch, keyed)
             self._record(started, ok=True, error=None, written=written)
             return written

@@ -14,14 +14,12 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 
 from aiscope import __version__
 
 app = typer.Typer(
     name="aiscope",
-    help="What your GPU fleet is really doing: sample it, store it, analyze it.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -57,7 +55,7 @@ def root(
     ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
 ) -> None:
-    """aiscope: GPU fleet telemetry, analysis and recommendations.
+    """What your GPU fleet is really doing: sample it, store it, analyze it.
 
     \b
     Examples:
@@ -200,18 +198,29 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _usage_error(exc: Exception) -> int:
+    """Parser errors (unknown flag, bad value) as one line; a bare group prints its help."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        typer.echo(ctx.get_help())
+        return 0
+    format_message = getattr(exc, "format_message", None)
+    message = format_message() if callable(format_message) else str(exc)
+    return _fail(" ".join(str(message).split()), 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app and turn every error into one line and an exit code."""
     command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else argv
     try:
         command.main(args=args, prog_name="aiscope", standalone_mode=False)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return int(exc.exit_code or 0)
-    except click.exceptions.Abort:
+    except typer.Abort:
         return _fail("aborted", 1)
-    except click.ClickException as exc:
-        return _fail(exc.format_message().replace("\n", " "), 2)
+    except typer.TyperException as exc:
+        return _usage_error(exc)
     except UserError as exc:
         if _STATE["debug"]:
             raise

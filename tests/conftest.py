@@ -1,0 +1,70 @@
+"""Shared fixtures: virtual GPUs at the NVML boundary, an injected clock, real DuckDB stores."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.nvml import install_library
+from agent.sim.profiles import profile
+from agent.sim.vnvml import VirtualGpu, VirtualNvmlLibrary
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "fixtures"
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@dataclass
+class FakeClock:
+    """Virtual seconds since the epoch; tests move it explicitly (no sleeps)."""
+
+    now: float = 1_764_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def make_gpu(index: int, model: str = "H100-80GB", **state: object) -> VirtualGpu:
+    gpu = VirtualGpu(
+        index=index,
+        uuid=f"GPU-{index:08x}-aaaa-bbbb-cccc-{index:012x}",
+        profile=profile(model),
+        pci_bus_id=f"00000000:{0x18 + index:02X}:00.0",
+    )
+    for key, value in state.items():
+        setattr(gpu, key, value)
+    return gpu
+
+
+@pytest.fixture(autouse=True)
+def _reset_nvml() -> Iterator[None]:
+    """Each test starts with pynvml's real loader (no virtual driver left behind)."""
+    yield
+    install_library(None)
+
+
+def library(gpus: list[VirtualGpu], clock: FakeClock, **kwargs: object) -> VirtualNvmlLibrary:
+    return VirtualNvmlLibrary(gpus, clock=clock, **kwargs)  # type: ignore[arg-type]
+
+
+def require_tool(name: str) -> str:
+    """The path of an external tool; skip without it, unless CI demands it."""
+    path = shutil.which(name)
+    if path:
+        return path
+    if os.environ.get("AISCOPE_REQUIRE_TOOLS"):
+        pytest.fail(f"{name} is required in CI (AISCOPE_REQUIRE_TOOLS is set) but not installed")
+    pytest.skip(f"{name} not installed")

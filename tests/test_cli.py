@@ -1,0 +1,244 @@
+"""The command line end to end: real processes, a real store, a real HTTP endpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from agent.store import connect_read_only
+from tests.conftest import REPO
+
+COMMANDS = [
+    ["--help"],
+    ["agent", "--help"],
+    ["agent", "run", "--help"],
+    ["store", "--help"],
+    ["store", "info", "--help"],
+]
+
+
+def _aiscope(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
+    return subprocess.run(
+        [sys.executable, "-m", "aiscope", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _metrics(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+def _rows(store: Path) -> int:
+    try:
+        con = connect_read_only(store, timeout_seconds=5)
+    except Exception:
+        return 0
+    try:
+        return int(con.execute("SELECT count(*) FROM gpu_samples").fetchone()[0])
+    finally:
+        con.close()
+
+
+def _start_agent(store: Path, port: int, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aiscope",
+            "agent",
+            "run",
+            "--virtual-gpus",
+            "4",
+            "--store",
+            str(store),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "0.2",
+            "--process-interval",
+            "1",
+            "--flush-interval",
+            "1",
+            *extra,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=" ".join)
+def test_every_command_has_help_with_examples(args: list[str]) -> None:
+    result = _aiscope(*args)
+    assert result.returncode == 0, result.stderr
+    assert "Usage" in result.stdout
+    if args[-2:-1] in (["run"], ["info"]) or args == ["--help"]:
+        assert "Examples" in result.stdout
+
+
+def test_version() -> None:
+    result = _aiscope("--version")
+    assert result.returncode == 0 and result.stdout.startswith("aiscope ")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["agent", "run", "--bogus"], "No such option: --bogus"),
+        (["agent", "run", "--interval", "0", "--duration", "1"], "--interval: expected a positive"),
+        (["agent", "run", "--listen", "9835"], "--listen: expected HOST:PORT"),
+        (["agent", "run", "--virtual-gpus", "2", "--virtual-model", "B300"], "unknown GPU model"),
+        (["store", "info", "--store", "/nonexistent/x.duckdb"], "no such store"),
+        (["store", "info", "--format", "yaml", "--store", "x"], "--format"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    result = _aiscope(*args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aiscope: "), result.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_corrupted_store_is_refused_and_untouched(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.duckdb"
+    junk.write_bytes(b"\x00garbage" * 64)
+    result = _aiscope("store", "info", "--store", str(junk))
+    assert result.returncode == 2 and result.stderr.startswith("aiscope: ")
+    assert junk.read_bytes() == b"\x00garbage" * 64
+
+
+@pytest.mark.slow
+def test_agent_serves_metrics_and_store_reads_while_it_writes(tmp_path: Path) -> None:
+    store, port = tmp_path / "node.duckdb", _free_port()
+    agent = _start_agent(store, port)
+    try:
+        text = _wait_for(lambda: _metrics(port) or "", what="/metrics")
+        assert "aiscope_gpu_up{" in text and "aiscope_gpu_utilization_ratio{" in text
+        _wait_for(lambda: _rows(store) > 0, what="a first flush")
+        # Read repeatedly while the agent keeps flushing every second: never blocked for good.
+        counts = []
+        for _ in range(5):
+            result = _aiscope("store", "info", "--store", str(store), "--format", "json")
+            assert result.returncode == 0, result.stderr
+            info = json.loads(result.stdout)
+            counts.append({t["table"]: t["rows"] for t in info["tables"]}["gpu_samples"])
+        assert counts == sorted(counts) and counts[-1] > counts[0]
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=30)
+    assert agent.returncode == 0, err
+    assert "final flush" in err
+    # Everything sampled up to SIGTERM is in the store: 4 GPUs per tick.
+    assert _rows(store) % 4 == 0 and _rows(store) >= counts[-1]
+
+
+@pytest.mark.slow
+def test_kill_9_keeps_everything_up_to_the_last_flush(tmp_path: Path) -> None:
+    store, port = tmp_path / "node.duckdb", _free_port()
+    agent = _start_agent(store, port)
+    try:
+        _wait_for(lambda: _rows(store) >= 40, what="a few flushes")
+        before = _rows(store)
+    finally:
+        agent.kill()
+        agent.wait(timeout=30)
+    after = _rows(store)
+    assert after >= before
+    # The store is intact and writable: a new agent appends to it.
+    agent = _start_agent(store, port, "--duration", "3")
+    _, err = agent.communicate(timeout=60)
+    assert agent.returncode == 0, err
+    assert _rows(store) > after
+
+
+@pytest.mark.slow
+def test_agent_runs_host_only_without_a_driver(tmp_path: Path) -> None:
+    store, port = tmp_path / "node.duckdb", _free_port()
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aiscope",
+            "agent",
+            "run",
+            "--store",
+            str(store),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--duration",
+            "4",
+            "--flush-interval",
+            "1",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    text = _wait_for(lambda: _metrics(port) or "", what="/metrics")
+    assert "aiscope_driver_up{node=" in text and "} 0.0" in text.split("aiscope_driver_up{")[1]
+    _, err = agent.communicate(timeout=30)
+    assert agent.returncode == 0, err
+    assert err.count("running host-only") == 1
+    con = connect_read_only(store)
+    assert con.execute("SELECT count(*) FROM host_samples").fetchone()[0] >= 3
+    assert con.execute("SELECT kind FROM agent_events").fetchall() == [("driver_unavailable",)]
+    con.close()
+
+
+def test_listen_address_in_use_is_a_clean_failure(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = _aiscope(
+            "agent",
+            "run",
+            "--virtual-gpus",
+            "1",
+            "--store",
+            str(tmp_path / "s.duckdb"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--duration",
+            "2",
+        )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("aiscope: cannot listen on")

@@ -1,0 +1,115 @@
+"""The Prometheus exposition: names, labels, no fake zeros, and promtool's own lint."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.attribution import ProcReader
+from agent.exporter import AgentCollector, build_registry, render
+from agent.host import HostReader
+from agent.nvml import Nvml
+from agent.sampler import Sampler
+from agent.sim.vnvml import VirtualProcess
+from agent.store import Store
+from tests.conftest import FIXTURES, FakeClock, library, make_gpu, require_tool
+
+
+def _exposition(tmp_path: Path, clock: FakeClock, gpus) -> str:
+    store = Store(tmp_path / "s.duckdb")
+    sampler = Sampler(
+        "gpu-node-01",
+        Nvml(library(gpus, clock)),
+        HostReader("gpu-node-01", proc_root=FIXTURES / "proc", sys_root=tmp_path),
+        ProcReader(FIXTURES / "proc", user_name=str),
+        store,
+        clock=clock,
+    )
+    sampler.start()
+    for _ in range(2):
+        clock.advance(1)
+        sampler.tick()
+    sampler.scan_processes()
+    registry = build_registry([AgentCollector(sampler.snapshot, store.stats, "1.2.3")])
+    text = render(registry).decode()
+    sampler.stop()
+    return text
+
+
+def _series(text: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(sample)
+    return out
+
+
+def test_gpu_series_carry_units_labels_and_attribution(tmp_path, clock) -> None:
+    gpus = [
+        make_gpu(
+            0,
+            utilization_gpu_ratio=0.97,
+            power_watts=650.0,
+            processes=[VirtualProcess(4101, 70 << 30, 0.9)],
+        ),
+        make_gpu(1, unsupported={"power"}),
+    ]
+    series = _series(_exposition(tmp_path, clock, gpus))
+    (util0,) = [s for s in series["aiscope_gpu_utilization_ratio"] if s.labels["gpu"] == "0"]
+    assert util0.value == 0.97
+    assert util0.labels["node"] == "gpu-node-01"
+    assert util0.labels["model"] == "NVIDIA H100 80GB HBM3"
+    assert util0.labels["uuid"] == gpus[0].uuid
+    assert util0.labels["slurm_job_id"] == "41823"
+    # GPU 1 cannot report power: no series at all, never a zero.
+    assert [s.labels["gpu"] for s in series["aiscope_gpu_power_watts"]] == ["0"]
+    assert [s.value for s in series["aiscope_gpu_up"]] == [1.0, 1.0]
+    assert series["aiscope_build_info"][0].labels["version"] == "1.2.3"
+    assert series["aiscope_gpu_energy_joules_total"][0].value > 0
+    (proc,) = series["aiscope_gpu_process_memory_used_bytes"]
+    assert proc.labels["pid"] == "4101" and proc.value == 70 << 30
+    assert series["aiscope_host_pressure_ratio"]
+    for name in (
+        "aiscope_agent_ticks_total",
+        "aiscope_agent_dropped_samples_total",
+        "aiscope_agent_buffer_rows",
+        "aiscope_agent_process_resident_memory_bytes",
+        "aiscope_agent_process_cpu_seconds_total",
+        "aiscope_driver_up",
+    ):
+        assert name in series, name
+
+
+def test_every_metric_is_prefixed_and_counters_end_in_total(tmp_path, clock) -> None:
+    text = _exposition(tmp_path, clock, [make_gpu(0)])
+    for family in text_string_to_metric_families(text):
+        assert family.name.startswith("aiscope_"), family.name
+        if family.type == "counter":
+            assert all(s.name.endswith(("_total", "_created")) for s in family.samples)
+
+
+def test_driver_missing_exports_driver_up_zero_and_no_gpus(tmp_path, clock) -> None:
+    text = _exposition(tmp_path, clock, [])
+    series = _series(text)
+    assert [s.value for s in series["aiscope_driver_up"]] == [1.0]  # zero GPUs, driver fine
+    gone = library([make_gpu(0)], clock, driver_loaded=False)
+    store = Store(tmp_path / "t.duckdb")
+    sampler = Sampler("n", Nvml(gone), HostReader("n"), ProcReader(), store, clock=clock)
+    sampler.start()
+    sampler.tick()
+    registry = build_registry([AgentCollector(sampler.snapshot, store.stats, "x")], False)
+    series = _series(render(registry).decode())
+    assert [s.value for s in series["aiscope_driver_up"]] == [0.0]
+    assert "aiscope_gpu_utilization_ratio" not in series
+
+
+def test_promtool_accepts_the_exposition(tmp_path, clock) -> None:
+    promtool = require_tool("promtool")
+    gpus = [make_gpu(0, processes=[VirtualProcess(4201, 1 << 30)]), make_gpu(1, "A100-80GB")]
+    text = _exposition(tmp_path, clock, gpus)
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
