@@ -21,6 +21,7 @@ implements NVML's C symbols, and the real ``pynvml`` Python code runs on top of 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 from collections import Counter
@@ -54,6 +55,15 @@ _GPM_METRICS = (
     ("dram_active_ratio", pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL),
 )
 _KIB = 1024
+
+
+class _FieldValue(ctypes.Structure):
+    """``nvmlFieldValue_t`` as a plain ctypes structure (pynvml's layout, without its
+    per-attribute Python hooks)."""
+
+    _fields_ = pynvml.c_nvmlFieldValue_t._fields_
+
+
 _MHZ = 1_000_000
 
 
@@ -96,7 +106,8 @@ class Gpu:
     handle: Any
     nvlink_count: int = 0
     field_ids: list[tuple[int, int]] = field(default_factory=list)
-    counters: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
+    field_buffer: Any = None
+    counters: dict[str, tuple[float, int]] = field(default_factory=dict)
     gpm_samples: list[Any] | None = None
     gpm_primed: bool = False
     process_ts_us: int = 0
@@ -278,7 +289,6 @@ class Nvml:
         util = q(uuid, "utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
         memory = self._memory(gpu)
         power_mw = q(uuid, "power", pynvml.nvmlDeviceGetPowerUsage, h)
-        energy_mj = q(uuid, "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
         temperature = q(
             uuid, "temperature", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU
         )
@@ -307,7 +317,6 @@ class Nvml:
             memory_free_bytes=memory[1],
             memory_reserved_bytes=memory[2],
             power_watts=None if power_mw is None else power_mw / 1000.0,
-            energy_joules=None if energy_mj is None else energy_mj / 1000.0,
             temperature_celsius=None if temperature is None else float(temperature),
             sm_clock_hertz=None if sm_mhz is None else float(sm_mhz * _MHZ),
             memory_clock_hertz=None if mem_mhz is None else float(mem_mhz * _MHZ),
@@ -338,32 +347,61 @@ class Nvml:
             return self._handle(gpu.uuid, "memory", exc)
 
     def _fields(self, gpu: Gpu, ts: float) -> dict[str, Any]:
-        """PCIe/NVLink rates and ECC totals from one batched field-value call."""
-        values = self._query(
-            gpu.uuid, "field_values", pynvml.nvmlDeviceGetFieldValues, gpu.handle, gpu.field_ids
-        )
-        raw: dict[tuple[int, int], int | None] = {}
-        for fid, value in zip(gpu.field_ids, values or (), strict=False):
-            if value.nvmlReturn == pynvml.NVML_SUCCESS:
-                raw[fid] = int(value.value.ullVal)
-            else:
-                raw[fid] = None
-                self._count(_UNSUPPORTED.get(value.nvmlReturn, "error"))
-                self._log_once(gpu.uuid, f"field {fid[0]}", "field", f"{gpu.uuid}: field {fid} ")
-        rates = {fid: _rate(gpu.counters, fid, ts, raw.get(fid)) for fid in gpu.field_ids}
-        links = range(gpu.nvlink_count)
+        """PCIe/NVLink rates, energy and ECC totals from one batched field-value call."""
+        raw = self._field_values(gpu)
+        nvlink_tx = _sum_links(raw, _NVLINK_TX_OFFSET, gpu.nvlink_count)
+        nvlink_rx = _sum_links(raw, _NVLINK_TX_OFFSET + 1, gpu.nvlink_count)
+        energy_mj = raw[_ENERGY] if raw else None
+        counters = gpu.counters
         return {
-            "pcie_tx_bytes_per_second": rates.get((pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0)),
-            "pcie_rx_bytes_per_second": rates.get((pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)),
-            "nvlink_tx_bytes_per_second": _sum_links(
-                rates, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, links, _KIB
+            "pcie_tx_bytes_per_second": _rate(
+                counters, "pcie_tx", ts, raw[_PCIE_TX] if raw else None
             ),
-            "nvlink_rx_bytes_per_second": _sum_links(
-                rates, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, links, _KIB
+            "pcie_rx_bytes_per_second": _rate(
+                counters, "pcie_rx", ts, raw[_PCIE_RX] if raw else None
             ),
-            "ecc_corrected_errors": raw.get((pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, 0)),
-            "ecc_uncorrected_errors": raw.get((pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0)),
+            "nvlink_tx_bytes_per_second": _scale(_rate(counters, "nvlink_tx", ts, nvlink_tx), _KIB),
+            "nvlink_rx_bytes_per_second": _scale(_rate(counters, "nvlink_rx", ts, nvlink_rx), _KIB),
+            "energy_joules": None if energy_mj is None else energy_mj / 1000.0,
+            "ecc_corrected_errors": raw[_ECC_SBE] if raw else None,
+            "ecc_uncorrected_errors": raw[_ECC_DBE] if raw else None,
         }
+
+    def _field_values(self, gpu: Gpu) -> list[int | None]:
+        """Raw values in the order of ``gpu.field_ids`` (see :func:`_field_ids`); ``[]`` when
+        the call failed.
+
+        ``pynvml.nvmlDeviceGetFieldValues`` builds a fresh array of its attribute-checking
+        structures on every call (~1 ms for 40 fields in CPython). The agent calls the same
+        NVML symbol through pynvml's own loader with a buffer prepared once per GPU, whose
+        field ids never change, in the same memory layout (``nvmlFieldValue_t``).
+        """
+        if gpu.field_buffer is None:
+            gpu.field_buffer = _field_buffer(gpu.field_ids)
+        buffer = gpu.field_buffer
+        try:
+            fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+            pynvml._nvmlCheckReturn(
+                fn(gpu.handle, ctypes.c_int32(len(buffer)), ctypes.byref(buffer))
+            )
+        except pynvml.NVMLError as exc:
+            self._handle(gpu.uuid, "field_values", exc)
+            return []
+        raw: list[int | None] = []
+        for entry in buffer:
+            if entry.nvmlReturn == pynvml.NVML_SUCCESS:
+                raw.append(entry.value.ullVal)
+                continue
+            raw.append(None)
+            kind = _UNSUPPORTED.get(entry.nvmlReturn, "error")
+            self._count(kind)
+            self._log_once(
+                gpu.uuid,
+                f"field {entry.fieldId}",
+                kind,
+                f"{gpu.uuid}: field {entry.fieldId} not reported",
+            )
+        return raw
 
     def _gpm_alloc(self, gpu: Gpu) -> list[Any] | None:
         """Two GPM samples when the GPU supports GPM (Hopper and later), else ``None``."""
@@ -492,12 +530,17 @@ class Nvml:
         self._query("system", "event_free", pynvml.nvmlEventSetFree, event_set)
 
 
+# Positions in the per-GPU field batch; per-link NVLink pairs (tx, rx) follow the fixed ones.
+_PCIE_TX, _PCIE_RX, _ECC_SBE, _ECC_DBE, _ENERGY, _NVLINK_TX_OFFSET = range(6)
+
+
 def _field_ids(nvlink_count: int) -> list[tuple[int, int]]:
     ids = [
         (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
         (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
         (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, 0),
         (pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0),
+        (pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0),
     ]
     for link in range(nvlink_count):
         ids.append((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link))
@@ -505,27 +548,36 @@ def _field_ids(nvlink_count: int) -> list[tuple[int, int]]:
     return ids
 
 
+def _field_buffer(field_ids: list[tuple[int, int]]) -> Any:
+    buffer = (_FieldValue * len(field_ids))()
+    for entry, (field_id, scope_id) in zip(buffer, field_ids, strict=True):
+        entry.fieldId = field_id
+        entry.scopeId = scope_id
+    return buffer
+
+
 def _rate(
-    counters: dict[tuple[int, int], tuple[float, int]],
-    fid: tuple[int, int],
-    ts: float,
-    value: int | None,
+    counters: dict[str, tuple[float, int]], key: str, ts: float, value: int | None
 ) -> float | None:
     """Counter difference per second since the previous reading; ``None`` on the first, on a
     reset (the counter went backwards) or when not reported."""
     if value is None:
-        counters.pop(fid, None)
+        counters.pop(key, None)
         return None
-    previous = counters.get(fid)
-    counters[fid] = (ts, value)
+    previous = counters.get(key)
+    counters[key] = (ts, value)
     if previous is None or ts <= previous[0] or value < previous[1]:
         return None
     return (value - previous[1]) / (ts - previous[0])
 
 
-def _sum_links(
-    rates: dict[tuple[int, int], float | None], field_id: int, links: range, scale: int
-) -> float | None:
-    values = [rates.get((field_id, link)) for link in links]
-    present = [v for v in values if v is not None]
-    return sum(present) * scale if present else None
+def _sum_links(raw: list[int | None], start: int, links: int) -> int | None:
+    """The sum of a per-link counter over all links; ``None`` unless every link reported."""
+    values = raw[start : start + 2 * links : 2]
+    if not values or None in values:
+        return None
+    return sum(v for v in values if v is not None)
+
+
+def _scale(value: float | None, factor: int) -> float | None:
+    return None if value is None else value * factor

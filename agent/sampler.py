@@ -20,11 +20,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from agent.attribution import Attribution, ProcReader
 from agent.deadline import DeadlineExceeded, DeadlineRunner
 from agent.host import HostReader
-from agent.nvml import DriverUnavailable, Gpu, GpuLost, Nvml, NvmlError
+from agent.nvml import DriverUnavailable, Gpu, GpuLost, Nvml, NvmlError, ProcessReading
 from agent.schema import (
     AgentEvent,
     CgroupSample,
@@ -181,7 +182,7 @@ class Sampler:
         now = self._clock()
         if not self._driver_up and now >= self._driver_retry_at:
             self._open_driver(now)
-        gpu_samples = [self._sample_gpu(state, now) for state in self._gpus]
+        gpu_samples = self._sample_gpus(now)
         host, net = self._host.sample(now)
         self._store.add([*gpu_samples, host, *net])
         with self._lock:
@@ -202,20 +203,22 @@ class Sampler:
                 gpu_lost_events=tuple(sorted(self._counters.lost.items())),
             )
 
-    def _sample_gpu(self, state: _GpuState, now: float) -> GpuSample:
-        gpu = state.gpu
-        if not state.up:
-            if now < state.retry_at:
-                return self._down_sample(gpu, now)
-            if not self._try_reopen(state, now):
-                return self._down_sample(gpu, now)
-        try:
-            return self._runner.run(gpu.uuid, lambda: self._nvml.sample(gpu, self.node, now))
-        except (GpuLost, DeadlineExceeded) as exc:
-            self._mark_down(state, now, exc)
-        except DriverUnavailable as exc:
-            self._mark_down(state, now, exc)
-        return self._down_sample(gpu, now)
+    def _sample_gpus(self, now: float) -> list[GpuSample]:
+        """One sample per GPU: read on one worker with a deadline per GPU; down GPUs are
+        retried on their backoff schedule."""
+        live = [s for s in self._gpus if s.up or (now >= s.retry_at and self._try_reopen(s, now))]
+        results = self._runner.run_batch(
+            "tick", [(s.gpu.uuid, partial(self._nvml.sample, s.gpu, self.node, now)) for s in live]
+        )
+        read: dict[str, GpuSample] = {}
+        for state, result in zip(live, results, strict=True):
+            if isinstance(result, GpuSample):
+                read[state.gpu.uuid] = result
+            elif isinstance(result, (GpuLost, DeadlineExceeded, DriverUnavailable)):
+                self._mark_down(state, now, result)
+            elif isinstance(result, BaseException):
+                raise result
+        return [read.get(s.gpu.uuid) or self._down_sample(s.gpu, now) for s in self._gpus]
 
     def _down_sample(self, gpu: Gpu, now: float) -> GpuSample:
         return GpuSample(ts=now, node=self.node, uuid=gpu.uuid, gpu_index=gpu.index, up=False)
@@ -254,30 +257,28 @@ class Sampler:
         """List the processes on every GPU that is up, attribute them, sample their cgroups."""
         now = self._clock()
         found: list[GpuProcess] = []
-        for state in self._gpus:
-            if not state.up:
-                continue
-            try:
-                readings = self._runner.run(
-                    state.gpu.uuid,
-                    lambda g=state.gpu: self._nvml.processes(g),  # type: ignore[misc]
-                )
-            except (GpuLost, DeadlineExceeded, DriverUnavailable) as exc:
-                self._mark_down(state, now, exc)
-                continue
-            for reading in readings:
-                found.append(self._process(state.gpu.uuid, reading.pid, now, reading))
+        live = [s for s in self._gpus if s.up]
+        results = self._runner.run_batch(
+            "processes", [(s.gpu.uuid, partial(self._nvml.processes, s.gpu)) for s in live]
+        )
+        for state, result in zip(live, results, strict=True):
+            if isinstance(result, (GpuLost, DeadlineExceeded, DriverUnavailable)):
+                self._mark_down(state, now, result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                found += [self._process(state.gpu.uuid, r.pid, now, r) for r in result]
         cgroups = self._host.cgroups(
             now, [p.attribution.cgroup for p in found if p.attribution and p.attribution.cgroup]
         )
         identities = [self._identity(p, now) for p in found if p.attribution]
         self._store.add([p.sample for p in found] + identities + cgroups)
-        live = {(p.sample.pid, p.sample.start_ticks) for p in found}
-        self._attribution = {k: v for k, v in self._attribution.items() if k in live}
+        seen = {(p.sample.pid, p.sample.start_ticks) for p in found}
+        self._attribution = {k: v for k, v in self._attribution.items() if k in seen}
         with self._lock:
             self._snapshot = replace(self._snapshot, processes=tuple(found), cgroups=tuple(cgroups))
 
-    def _process(self, uuid: str, pid: int, now: float, reading: object) -> GpuProcess:
+    def _process(self, uuid: str, pid: int, now: float, reading: ProcessReading) -> GpuProcess:
         start = self._procs.start_ticks(pid)
         key = (pid, start)
         if key not in self._attribution:
@@ -288,8 +289,8 @@ class Sampler:
             uuid=uuid,
             pid=pid,
             start_ticks=start,
-            used_memory_bytes=getattr(reading, "used_memory_bytes", None),
-            sm_utilization_ratio=getattr(reading, "sm_utilization_ratio", None),
+            used_memory_bytes=reading.used_memory_bytes,
+            sm_utilization_ratio=reading.sm_utilization_ratio,
         )
         return GpuProcess(uuid=uuid, sample=sample, attribution=self._attribution[key])
 
@@ -350,6 +351,10 @@ class Sampler:
         self._store.add(
             [AgentEvent(ts=now, node=self.node, kind=kind, uuid=uuid, code=code, detail=detail)]
         )
+
+    def worker_cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds spent reading GPUs on the driver workers, by batch (tick, processes)."""
+        return dict(self._runner.cpu_seconds)
 
     def snapshot(self) -> Snapshot:
         with self._lock:

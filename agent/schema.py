@@ -12,6 +12,8 @@ schema is refused rather than misread.
 from __future__ import annotations
 
 import dataclasses
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -239,9 +241,23 @@ _SQL_TYPES = {
 }
 
 
+_COLUMNS: dict[type[Any], tuple[str, ...]] = {}
+_GETTERS: dict[type[Any], Callable[[Any], tuple[Any, ...]]] = {}
+
+
 def columns(record: type[Any]) -> tuple[str, ...]:
     """The column names of a record type, in declaration order."""
-    return tuple(f.name for f in dataclasses.fields(record))
+    cols = _COLUMNS.get(record)
+    if cols is None:
+        cols = _COLUMNS[record] = tuple(f.name for f in dataclasses.fields(record))
+    return cols
+
+
+def _getter(record: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    getter = _GETTERS.get(record)
+    if getter is None:
+        getter = _GETTERS[record] = operator.attrgetter(*columns(record))
+    return getter
 
 
 def _sql_type(annotation: str) -> str:
@@ -270,4 +286,4 @@ def rollup_table_sql(table: str) -> str:
 
 def as_row(record: Any) -> tuple[Any, ...]:
     """A record's values in column order."""
-    return tuple(getattr(record, name) for name in columns(type(record)))
+    return _getter(type(record))(record)

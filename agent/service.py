@@ -46,14 +46,22 @@ class Agent:
     serve: Callable[[], MetricsServer]
 
 
+#: CPU seconds each job's own thread has spent, by job name (exported by the collector).
+JOB_CPU_SECONDS: dict[str, float] = {}
+
+
 def _guard(name: str, fn: Callable[[], object]) -> Callable[[], None]:
-    """Store failures are expected faults (already logged once by the store); keep the job."""
+    """Store failures are expected faults (already logged once by the store); keep the job.
+    Also accounts the job's CPU time."""
 
     def run() -> None:
+        started = time.thread_time()
         try:
             fn()
         except StoreError as exc:
             log.debug("%s: %s", name, exc)
+        finally:
+            JOB_CPU_SECONDS[name] = JOB_CPU_SECONDS.get(name, 0.0) + time.thread_time() - started
 
     run.__name__ = name
     return run
@@ -103,6 +111,7 @@ def run(agent: Agent, stop: threading.Event | None = None) -> int:
         scheduler.shutdown(wait=True)
         agent.sampler.stop()
         _final_flush(agent.store)
+        agent.store.close()
         server.close()
     return 0
 

@@ -1,9 +1,10 @@
 """The store: one DuckDB file per node, written in short transactions by the agent.
 
-Why short-lived connections: DuckDB lets one process hold a database file for writing, and any
+Why short-lived attachments: DuckDB lets one process hold a database file for writing, and any
 other process that opens it then fails with "Conflicting lock". The agent therefore never keeps the
-file open. Each flush (every 10 s by default) opens the file, writes everything buffered in one
-transaction and closes it again, so the file is free more than 99% of the time and a reader
+file open. Each flush (every 10 s by default) attaches the file to the agent's in-memory DuckDB
+instance, writes everything buffered in one transaction and detaches it again, so the file is
+free more than 99% of the time and a reader
 (``aiscope analyze``, ``aiscope report``, ``aiscope store info``) gets in by retrying for a moment
 (:func:`connect_read_only`). When a reader holds the file across a flush, the flush fails, the rows
 stay in the bounded buffer and go out with the next flush: nothing is lost unless the buffer
@@ -26,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from agent.schema import (
 
 log = logging.getLogger(__name__)
 
+_ALIAS = "aiscope_store"
 _CONFIG = {"threads": 1, "autoinstall_known_extensions": False, "autoload_known_extensions": False}
 _SAMPLE_TABLES = {r.TABLE: r for r in SAMPLE_RECORDS}
 _KEYED_TABLES = {r.TABLE: r for r in KEYED_RECORDS}
@@ -243,6 +245,11 @@ class Store:
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._initialized = False
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._in_transaction = False
+        self._writes = 0
+        #: Writes between WAL checkpoints (each write is a flush, a rollup or a prune).
+        self.checkpoint_every = 6
         self._flushes = 0
         self._failures = 0
         self._written = 0
@@ -276,20 +283,68 @@ class Store:
 
     # -- writing -------------------------------------------------------------------------------
 
+    def _session(self) -> duckdb.DuckDBPyConnection:
+        """The writer's in-memory DuckDB instance, kept for the agent's lifetime.
+
+        Creating a DuckDB instance costs ~30 ms of CPU; attaching a file to a live one costs a
+        few. The store file is attached only for the length of one write and detached again,
+        which releases its lock for readers in other processes.
+        """
+        if self._con is None:
+            self._con = duckdb.connect(":memory:", config=dict(_CONFIG))
+            # Detaching would otherwise checkpoint the WAL into the file on every flush (~8 ms);
+            # we checkpoint every few writes instead (see _writer). The WAL keeps each commit
+            # durable either way.
+            self._con.execute("PRAGMA disable_checkpoint_on_shutdown")
+        return self._con
+
     @contextmanager
     def _writer(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A short-lived read-write connection, schema created on first use."""
+        """The store file, attached read-write for one unit of work; schema made on first use."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = _connect(self.path, read_only=False)
+        con = self._session()
         try:
+            con.execute(f"ATTACH ? AS {_ALIAS}", [str(self.path)])
+        except duckdb.Error as exc:
+            raise _wrap(self.path, exc) from exc
+        try:
+            con.execute(f"USE {_ALIAS}")
             if not self._initialized:
                 initialize(con, self.path)
                 self._initialized = True
             yield con
+            self._writes += 1
+            if self._writes >= self.checkpoint_every:
+                con.execute("CHECKPOINT")
+                self._writes = 0
         except duckdb.Error as exc:
             raise _wrap(self.path, exc) from exc
         finally:
+            self._detach(con)
+
+    def _detach(self, con: duckdb.DuckDBPyConnection) -> None:
+        try:
+            if self._in_transaction:
+                self._in_transaction = False
+                with suppress(duckdb.TransactionException):
+                    con.execute("ROLLBACK")  # a write failed mid-transaction
+            con.execute("USE memory")
+            con.execute(f"DETACH {_ALIAS}")
+        except duckdb.Error:
+            # Never keep the file locked: drop the whole instance instead.
             con.close()
+            self._con = None
+
+    def close(self) -> None:
+        """Checkpoint the WAL into the file and release the writer's DuckDB instance."""
+        with self._write_lock:
+            if self._initialized:
+                self._writes = self.checkpoint_every
+                with suppress(StoreError), self._writer():
+                    pass
+            if self._con is not None:
+                self._con.close()
+                self._con = None
 
     def flush(self) -> int:
         """Write everything buffered in one transaction; return the rows written.
@@ -323,11 +378,13 @@ class Store:
     ) -> None:
         with self._writer() as con:
             con.execute("BEGIN TRANSACTION")
+            self._in_transaction = True
             for table, items in batch.items():
                 insert_rows(con, table, columns(_SAMPLE_TABLES[table]), [r for _, r in items])
             for table, rows in keyed.items():
                 upsert_rows(con, _KEYED_TABLES[table], list(rows.values()))
             con.execute("COMMIT")
+            self._in_transaction = False
 
     def _release(
         self,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ ERROR_GPU_IS_LOST = 15
 FI_ECC_SBE_VOL_TOTAL = 3
 FI_ECC_DBE_VOL_TOTAL = 4
 FI_NVLINK_LINK_COUNT = 91
+FI_TOTAL_ENERGY_CONSUMPTION = 83
 FI_NVLINK_THROUGHPUT_DATA_TX = 138
 FI_NVLINK_THROUGHPUT_DATA_RX = 139
 FI_PCIE_COUNT_TX_BYTES = 197
@@ -53,6 +55,7 @@ GPM_ANY_TENSOR_UTIL = 5
 GPM_DRAM_BW_UTIL = 10
 
 EVENT_XID = 0x8
+DRIVE_PERIOD_SECONDS = 0.1
 _HANDLE_BASE = 0x10000
 _HANDLE_STRIDE = 0x100
 
@@ -103,6 +106,7 @@ class VirtualGpu:
     nvlink_rx_kib: float = 0.0
     gpm_integral: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     process_samples: list[tuple[int, int, float]] = field(default_factory=list)
+    driven_at: float = float("-inf")
 
     def __post_init__(self) -> None:
         self.power_watts = self.profile.idle_power_watts
@@ -127,6 +131,9 @@ class VirtualGpu:
             t + self.tensor_active_ratio * dt,
             d + self.dram_active_ratio * dt,
         )
+
+    def record_process_samples(self, now_seconds: float) -> None:
+        """The driver's per-process utilization buffer (the last few samples per process)."""
         stamp = int(now_seconds * 1_000_000)
         for proc in self.processes:
             self.process_samples.append((proc.pid, stamp, proc.sm_utilization_ratio))
@@ -143,6 +150,25 @@ class _Symbol:
 
     def __call__(self, *args: Any) -> Any:
         return self._fn(*args)
+
+
+class _AccountedSymbol(_Symbol):
+    """A symbol that adds the CPU time it spends to its library's ``cpu_seconds``.
+
+    Benchmarks use it to separate the virtual driver's cost (which a real, compiled driver
+    would not have in Python) from the agent's own.
+    """
+
+    def __init__(self, fn: Callable[..., Any], library: VirtualNvmlLibrary) -> None:
+        super().__init__(fn)
+        self._library = library
+
+    def __call__(self, *args: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return self._fn(*args)
+        finally:
+            self._library.cpu_seconds += time.thread_time() - started
 
 
 def _out(arg: Any) -> Any:
@@ -177,18 +203,22 @@ class VirtualNvmlLibrary:
         self.missing_symbols = missing_symbols
         self.driver_loaded = driver_loaded
         self.calls = 0
+        #: Set before ``nvmlInit`` to measure the driver's own CPU time in ``cpu_seconds``.
+        self.account_cpu = False
+        self.cpu_seconds = 0.0
         self._events: list[tuple[int, int, int]] = []
         self._event_cond = threading.Condition()
         self._gpm: dict[int, tuple[float, tuple[float, float, float, float]]] = {}
         self._next_alloc = 0x900000
+        self._handle_cache: dict[int, tuple[Any, int]] = {}
 
     def __getattr__(self, name: str) -> _Symbol:
         if not name.startswith("nvml") or name in self.missing_symbols:
             raise AttributeError(name)
-        impl = getattr(type(self), "_" + name, None)
+        impl = getattr(self, "_" + name, None)
         if impl is None:
             raise AttributeError(name)
-        return _Symbol(lambda *args: impl(self, *args))
+        return _AccountedSymbol(impl, self) if self.account_cpu else _Symbol(impl)
 
     # -- test hooks --------------------------------------------------------------------------
 
@@ -205,7 +235,7 @@ class VirtualNvmlLibrary:
         self.calls += 1
         if not self.driver_loaded:
             return ERROR_UNINITIALIZED
-        index = (_address(handle) - _HANDLE_BASE) // _HANDLE_STRIDE
+        index = self._index(handle)
         if not 0 <= index < len(self.gpus):
             return ERROR_INVALID_ARGUMENT
         gpu = self.gpus[index]
@@ -214,10 +244,24 @@ class VirtualNvmlLibrary:
         if gpu.lost:
             return ERROR_GPU_IS_LOST
         now = self.clock()
-        if self.drive is not None and now > gpu.clock_seconds:
-            self.drive(gpu, now)
+        # Workloads change the gauges at most every DRIVE_PERIOD_SECONDS, like the driver's own
+        # sampling; counters still integrate to the exact time of every call.
         gpu.advance(now)
+        if now - gpu.driven_at >= DRIVE_PERIOD_SECONDS:
+            gpu.driven_at = now
+            if self.drive is not None:
+                self.drive(gpu, now)
+            gpu.record_process_samples(now)
         return gpu
+
+    def _index(self, handle: Any) -> int:
+        """The GPU index a handle points at (cached per handle object: pynvml reuses them)."""
+        cached = self._handle_cache.get(id(handle))
+        if cached is not None and cached[0] is handle:
+            return cached[1]
+        index = (_address(handle) - _HANDLE_BASE) // _HANDLE_STRIDE
+        self._handle_cache[id(handle)] = (handle, index)
+        return index
 
     def _read(self, handle: Any, feature: str) -> VirtualGpu | int:
         gpu = self._gpu(handle)
@@ -402,15 +446,19 @@ class VirtualNvmlLibrary:
             return gpu
         array = _out(values)
         stamp = int(gpu.clock_seconds * 1_000_000)
+        known = self._field_table(gpu)
         for i in range(int(getattr(count, "value", count))):
             entry = array[i]
             entry.timestamp = stamp
-            value = self._field(gpu, int(entry.fieldId), int(entry.scopeId))
+            field_id = entry.fieldId
+            value = known.get(field_id)
+            if field_id in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX):
+                value = value if entry.scopeId < gpu.profile.nvlink_count else None
             if value is None:
                 entry.nvmlReturn = ERROR_NOT_SUPPORTED
                 continue
             entry.nvmlReturn = SUCCESS
-            if entry.fieldId == FI_NVLINK_LINK_COUNT:
+            if field_id == FI_NVLINK_LINK_COUNT:
                 entry.valueType = VALUE_TYPE_UNSIGNED_INT
                 entry.value.uiVal = value
             else:
@@ -418,29 +466,24 @@ class VirtualNvmlLibrary:
                 entry.value.ullVal = value
         return SUCCESS
 
-    def _field(self, gpu: VirtualGpu, field_id: int, scope: int) -> int | None:
+    def _field_table(self, gpu: VirtualGpu) -> dict[int, int | None]:
+        """Every field this GPU reports, now. NVLink counters are per link (traffic spread
+        evenly over the links)."""
         links = gpu.profile.nvlink_count
-        per_link = max(links, 1)
-        if field_id in (FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES):
-            if "pcie" in gpu.unsupported:
-                return None
-            return int(
-                gpu.pcie_tx_bytes if field_id == FI_PCIE_COUNT_TX_BYTES else gpu.pcie_rx_bytes
-            )
-        if field_id == FI_NVLINK_LINK_COUNT:
-            return links if links else None
-        if field_id in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX):
-            if not links or scope >= links:
-                return None
-            kib = (
-                gpu.nvlink_tx_kib if field_id == FI_NVLINK_THROUGHPUT_DATA_TX else gpu.nvlink_rx_kib
-            )
-            return int(kib / per_link)
-        if field_id == FI_ECC_SBE_VOL_TOTAL:
-            return None if "ecc" in gpu.unsupported else gpu.ecc_corrected
-        if field_id == FI_ECC_DBE_VOL_TOTAL:
-            return None if "ecc" in gpu.unsupported else gpu.ecc_uncorrected
-        return None
+        pcie = "pcie" not in gpu.unsupported
+        ecc = "ecc" not in gpu.unsupported
+        return {
+            FI_PCIE_COUNT_TX_BYTES: int(gpu.pcie_tx_bytes) if pcie else None,
+            FI_PCIE_COUNT_RX_BYTES: int(gpu.pcie_rx_bytes) if pcie else None,
+            FI_NVLINK_LINK_COUNT: links or None,
+            FI_NVLINK_THROUGHPUT_DATA_TX: int(gpu.nvlink_tx_kib / links) if links else None,
+            FI_NVLINK_THROUGHPUT_DATA_RX: int(gpu.nvlink_rx_kib / links) if links else None,
+            FI_ECC_SBE_VOL_TOTAL: gpu.ecc_corrected if ecc else None,
+            FI_ECC_DBE_VOL_TOTAL: gpu.ecc_uncorrected if ecc else None,
+            FI_TOTAL_ENERGY_CONSUMPTION: int(gpu.energy_mj)
+            if "power" not in gpu.unsupported
+            else None,
+        }
 
     # -- GPM ---------------------------------------------------------------------------------
 
