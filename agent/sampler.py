@@ -25,7 +25,15 @@ from functools import partial
 from agent.attribution import Attribution, ProcReader
 from agent.deadline import DeadlineExceeded, DeadlineRunner
 from agent.host import HostReader
-from agent.nvml import DriverUnavailable, Gpu, GpuLost, Nvml, NvmlError, ProcessReading
+from agent.nvml import (
+    DriverUnavailable,
+    Gpu,
+    GpuLost,
+    Nvml,
+    NvmlError,
+    ProcessReading,
+    XidEvent,
+)
 from agent.schema import (
     AgentEvent,
     CgroupSample,
@@ -111,8 +119,13 @@ class Sampler:
         clock: Callable[[], float] = time.time,
         deadline_seconds: float = 2.0,
         backoff: Backoff = Backoff(),
+        event_thread: bool = True,
     ) -> None:
         self.node = node
+        # The live agent waits for XID events on a thread; the simulator drains them at each
+        # tick instead, so that a run is deterministic.
+        self._event_thread_wanted = event_thread
+        self._event_set: object | None = None
         self._nvml = nvml
         self._host = host
         self._procs = procs
@@ -183,6 +196,7 @@ class Sampler:
         if not self._driver_up and now >= self._driver_retry_at:
             self._open_driver(now)
         gpu_samples = self._sample_gpus(now)
+        self._drain_events()
         host, net = self._host.sample(now)
         self._store.add([*gpu_samples, host, *net])
         with self._lock:
@@ -325,6 +339,9 @@ class Sampler:
             return
         if event_set is None:
             return
+        if not self._event_thread_wanted:
+            self._event_set = event_set
+            return
         self._events_thread = threading.Thread(
             target=self._watch, args=(event_set,), name="nvml-events", daemon=True
         )
@@ -337,13 +354,25 @@ class Sampler:
             except NvmlError as exc:
                 log.warning("XID watcher stopped: %s", exc)
                 return
-            if event is None:
-                continue
-            log.error("XID %d on GPU %s", event.code, event.uuid)
-            self._event(self._clock(), "xid", event.uuid, f"XID {event.code}", code=event.code)
-            with self._lock:
-                self._counters.xid[event.uuid or "unknown"] += 1
+            if event is not None:
+                self._record_xid(event)
         self._nvml.free_events(event_set)
+
+    def _drain_events(self) -> None:
+        if self._event_set is None or not self._driver_up:
+            return
+        try:
+            while (event := self._nvml.wait_event(self._event_set, 0)) is not None:
+                self._record_xid(event)
+        except NvmlError as exc:
+            log.warning("XID events unavailable: %s", exc)
+            self._event_set = None
+
+    def _record_xid(self, event: XidEvent) -> None:
+        log.error("XID %d on GPU %s", event.code, event.uuid)
+        self._event(self._clock(), "xid", event.uuid, f"XID {event.code}", code=event.code)
+        with self._lock:
+            self._counters.xid[event.uuid or "unknown"] += 1
 
     def _event(
         self, now: float, kind: str, uuid: str | None, detail: str, code: int | None = None

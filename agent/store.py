@@ -53,7 +53,7 @@ _ALIAS = "aiscope_store"
 _CONFIG = {"threads": 1, "autoinstall_known_extensions": False, "autoload_known_extensions": False}
 _SAMPLE_TABLES = {r.TABLE: r for r in SAMPLE_RECORDS}
 _KEYED_TABLES = {r.TABLE: r for r in KEYED_RECORDS}
-_TS_COLUMNS = {r.TABLE: "ts" for r in SAMPLE_RECORDS}
+_TS_COLUMNS = {r.TABLE: "ts" for r in SAMPLE_RECORDS} | {"ground_truth": "start_ts"}
 #: Rollups lag real time by this much, so late rows of a minute are not cut off.
 _ROLLUP_LATENESS_SECONDS = 120.0
 
@@ -418,6 +418,18 @@ class Store:
             elif self._last_error is not None:
                 log.info("store writable again")
             self._last_error = error
+
+    def write_now(self, records: list[Any]) -> None:
+        """Write ``records`` of one table immediately, in one transaction (no buffering)."""
+        if not records:
+            return
+        record = type(records[0])
+        with self._write_lock, self._writer() as con:
+            con.execute("BEGIN TRANSACTION")
+            self._in_transaction = True
+            insert_rows(con, record.TABLE, columns(record), [as_row(r) for r in records])
+            con.execute("COMMIT")
+            self._in_transaction = False
 
     # -- maintenance ---------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -113,6 +115,17 @@ def agent_run(
             "H200-141GB, L4, L40S."
         ),
     ] = "H100-80GB",
+    simulate: Annotated[
+        str | None,
+        typer.Option(
+            help="Play one node of a scenario live on virtual hardware (a built-in "
+            "name or a .toml path)."
+        ),
+    ] = None,
+    sim_node: Annotated[
+        str | None,
+        typer.Option("--sim-node", help="The scenario node to play (default: the first)."),
+    ] = None,
 ) -> None:
     """Run the agent in the foreground: sample GPUs and host into the store, serve /metrics.
 
@@ -123,6 +136,8 @@ def agent_run(
     Examples:
       aiscope agent run --store /var/lib/aiscope --listen 0.0.0.0:9835
       aiscope agent run --virtual-gpus 8 --store /tmp/demo.duckdb --duration 60
+      aiscope agent run --simulate demo --sim-node gpu-node-03 --duration 120
+      aiscope agent run --simulate demo --sim-node gpu-node-03 --duration 120
       AISCOPE_INTERVAL=0.5 aiscope agent run --config /etc/aiscope/agent.toml
     """
     from agent.config import ConfigError, load_config  # noqa: PLC0415
@@ -141,11 +156,20 @@ def agent_run(
     except ConfigError as exc:
         raise UserError(str(exc)) from exc
     from agent import service  # noqa: PLC0415
+    from agent.sim.scenario import ScenarioError  # noqa: PLC0415
     from aiscope.compose import build_agent  # noqa: PLC0415
 
     try:
-        built = build_agent(cfg, virtual_gpus=virtual_gpus, virtual_model=virtual_model)
+        built = build_agent(
+            cfg,
+            virtual_gpus=virtual_gpus,
+            virtual_model=virtual_model,
+            simulate=simulate,
+            sim_node=sim_node,
+        )
         service.run(built)
+    except ScenarioError as exc:
+        raise UserError(str(exc)) from exc
     except KeyError as exc:
         raise UserError(f"--virtual-model: {exc.args[0]}") from exc
     except OSError as exc:
@@ -191,6 +215,71 @@ def store_info(
         typer.echo(
             f"{t['table']:<20} {t['rows']:>12}  {t['first'] or '-':<20}  {t['last'] or '-':<20}"
         )
+
+
+@app.command("simulate")
+def simulate_command(
+    scenario: Annotated[
+        str | None,
+        typer.Argument(help="A built-in scenario name (see --list) or a path to a .toml file."),
+    ] = None,
+    store: Annotated[Path | None, typer.Option(help="Store file or directory to write.")] = None,
+    days: Annotated[
+        float | None, typer.Option(min=0.001, help="Simulated days (default: the scenario's).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Random seed (default: the scenario's).")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="List the built-in scenarios.")] = False,
+) -> None:
+    """Fast-forward a scenario on virtual GPUs through the real sampler and store.
+
+    Records the ground truth (each GPU's class over time and the injected pathologies) in the
+    store's ground_truth table. Deterministic for a given seed.
+
+    \b
+    Examples:
+      aiscope simulate --list
+      aiscope simulate demo --store demo.duckdb --days 1
+      aiscope simulate fixtures/scenarios/starved-input.toml --store s.duckdb --seed 7
+    """
+    from agent.sim.scenario import ScenarioError, describe_builtins, load  # noqa: PLC0415
+
+    if list_:
+        for name, description in describe_builtins():
+            typer.echo(f"{name:<20} {description}")
+        return
+    if scenario is None:
+        raise UserError("SCENARIO is required (or --list to see the built-in ones)")
+    try:
+        spec = load(scenario)
+    except ScenarioError as exc:
+        raise UserError(str(exc)) from exc
+    from agent.config import default_store, resolve_store  # noqa: PLC0415
+    from agent.sim.engine import simulate  # noqa: PLC0415
+    from agent.store import StoreError  # noqa: PLC0415
+
+    path = resolve_store(store) if store else default_store()
+    try:
+        with _progress(f"simulating {spec.name}") as update:
+            result = simulate(spec, path, days=days, seed=seed, progress=update)
+    except StoreError as exc:
+        raise Failure(str(exc)) from exc
+    typer.echo(
+        f"simulated {result.simulated_seconds / 86400:g} days of {spec.name} "
+        f"({result.nodes} nodes, {result.gpus} GPUs): {result.rows_written} rows in {path}"
+    )
+
+
+@contextmanager
+def _progress(label: str) -> Iterator[Callable[[float], None]]:
+    """A progress bar on a terminal; silent when stderr is piped."""
+    if not sys.stderr.isatty():
+        yield lambda fraction: None
+        return
+    from rich.progress import Progress  # noqa: PLC0415
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task(label, total=1.0)
+        yield lambda fraction: bar.update(task, completed=fraction)
 
 
 def _fail(message: str, code: int) -> int:

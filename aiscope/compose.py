@@ -26,9 +26,21 @@ def build_agent(
     virtual_gpus: int | None = None,
     virtual_model: str = "H100-80GB",
     library: object | None = None,
+    simulate: str | None = None,
+    sim_node: str | None = None,
 ) -> Agent:
-    """The agent's parts for ``config``. ``virtual_gpus`` swaps the driver for virtual GPUs."""
-    if virtual_gpus:
+    """The agent's parts for ``config``. ``virtual_gpus`` swaps the driver for virtual GPUs with a
+    synthetic load; ``simulate`` plays one node of a scenario live (its GPUs, host and /proc)."""
+    host = HostReader(config.node)
+    procs = ProcReader()
+    if simulate:
+        from agent.sim.engine import LiveNode  # noqa: PLC0415
+
+        live = LiveNode.start(simulate, sim_node)
+        library = live.library
+        host = live.host_reader(config.node)
+        procs = live.proc_reader()
+    elif virtual_gpus:
         from agent.sim.synthetic import synthetic_library  # noqa: PLC0415
 
         library = synthetic_library(virtual_gpus, clock=time.time, model=virtual_model)
@@ -41,8 +53,8 @@ def build_agent(
     sampler = Sampler(
         node=config.node,
         nvml=Nvml(library),
-        host=HostReader(config.node),
-        procs=ProcReader(),
+        host=host,
+        procs=procs,
         store=store,
         deadline_seconds=config.nvml_deadline,
     )

@@ -1,0 +1,607 @@
+"""The simulation engine: scenario workloads -> virtual GPUs and hosts -> the real sampler.
+
+``simulate`` fast-forwards a scenario on a virtual clock, one node after another, through the same
+:class:`agent.sampler.Sampler`, :class:`agent.nvml.Nvml` and :class:`agent.store.Store` as the live
+agent, and records the ground truth. ``LiveNode`` plays one node in real time for
+``aiscope agent run --simulate``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.attribution import ProcReader
+from agent.host import HostReader
+from agent.nvml import Nvml
+from agent.sampler import Sampler
+from agent.schema import GroundTruth
+from agent.sim.host import VirtualHost
+from agent.sim.scenario import NodeSpec, Scenario, ScenarioError
+from agent.sim.scenario import load as load_scenario
+from agent.sim.synthetic import virtual_uuid
+from agent.sim.vnvml import VirtualGpu, VirtualNvmlLibrary, VirtualProcess
+from agent.sim.workloads import (
+    SW_POWER_CAP,
+    GpuLoad,
+    HostHog,
+    Inference,
+    TruthSpan,
+    Workload,
+    clamp,
+    workload_class,
+)
+from agent.store import Store
+
+GPU_IDLE = 0x1
+
+
+def stable_seed(*parts: object) -> int:
+    return zlib.crc32("/".join(str(p) for p in parts).encode())
+
+
+def build_workloads(scenario: Scenario, seed: int) -> list[Workload]:
+    profiles = {n.name: n.profile for n in scenario.nodes}
+    return [
+        workload_class(spec.kind)(
+            spec.name,
+            spec.params,
+            spec.placements,
+            spec.window,
+            scenario.start_epoch,
+            stable_seed(seed, spec.name),
+            profiles,
+            i,
+        )
+        for i, spec in enumerate(scenario.workloads)
+    ]
+
+
+@dataclass
+class VirtualClock:
+    now: float
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class NodeSim:
+    """One node's virtual GPUs and host, set from the workloads at each instant."""
+
+    spec: NodeSpec
+    scenario: Scenario
+    workloads: list[Workload]
+    clock: VirtualClock
+    root: Path
+    seed: int
+    gpus: list[VirtualGpu] = field(init=False)
+    library: VirtualNvmlLibrary = field(init=False)
+    host: VirtualHost = field(init=False)
+    _last_t: float | None = field(default=None, init=False)
+    _started: dict[int, int] = field(default_factory=dict, init=False)
+    _xids_sent: set[int] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        self.workloads = [w for w in self.workloads if self.spec.name in w.nodes()]
+        node_seed = stable_seed(self.seed, self.spec.name)
+        self.gpus = [
+            VirtualGpu(
+                i,
+                virtual_uuid(node_seed, i),
+                self.spec.profile,
+                f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+            )
+            for i in range(self.spec.gpus)
+        ]
+        self.library = VirtualNvmlLibrary(self.gpus, clock=self.clock)
+        self.host = VirtualHost(
+            self.spec.name, self.root, cores=self.spec.cpus, infiniband=self.spec.infiniband
+        )
+        self._gpus_of = {
+            id(w): {g for pl in w.placements if pl.node == self.spec.name for g in pl.gpus}
+            for w in self.workloads
+        }
+
+    def apply(self, t: float) -> None:
+        """Set every GPU, process and host counter to scenario time ``t``."""
+        dt = 0.0 if self._last_t is None else t - self._last_t
+        self._last_t = t
+        active = [w for w in self.workloads if w.active(t)]
+        slowdown = self._contention(t, active)
+        for gpu in self.gpus:
+            tenants = [
+                (w, w.gpu_load(t, self.spec.name, gpu.index, slowdown))
+                for w in active
+                if gpu.index in self._gpus_of[id(w)]
+            ]
+            self._set_gpu(gpu, tenants)
+        self._set_processes(t)
+        loads = [(w.cgroup(), w.host_load(t, self.spec.name, slowdown)) for w in active]
+        cpu_factor = slowdown.get("cpu", 1.0)
+        cgroups = {path: load.cpu_cores / cpu_factor for path, load in loads}
+        self.host.update(dt, loads, cgroups)
+        self._faults(t)
+
+    def _contention(self, t: float, active: list[Workload]) -> dict[str, float]:
+        node = self.spec.name
+        slowdown: dict[str, float] = {}
+        demand = sum(w.cpu_demand(t, node) for w in active)
+        if demand > self.spec.cpus:
+            slowdown["cpu"] = demand / self.spec.cpus
+        for w in active:
+            if isinstance(w, HostHog) and w.p.resource == "network":
+                slowdown["network"] = 1.0 + w.p.amount / 12e9
+            if isinstance(w, HostHog) and w.p.resource == "pcie":
+                slowdown["pcie"] = 1.0 + w.p.amount / 20e9
+        return slowdown
+
+    def _set_gpu(self, gpu: VirtualGpu, tenants: list[tuple[Workload, GpuLoad]]) -> None:
+        p = gpu.profile
+        demand = sum(load.util for _, load in tenants)
+        share = 1.0 / demand if demand > 1.0 else 1.0
+        total = combine(tenants, share)
+        gpu.utilization_gpu_ratio = clamp(demand)
+        gpu.utilization_memory_ratio = clamp(total.mem_util)
+        gpu.memory_used_bytes = min(
+            total.memory_bytes, p.memory_total_bytes - p.memory_reserved_bytes
+        )
+        frac = clamp(total.power_frac)
+        watts = p.idle_power_watts + (p.power_limit_watts - p.idle_power_watts) * frac
+        if total.reasons & SW_POWER_CAP:
+            watts = p.power_limit_watts * 0.985
+        gpu.power_watts = watts
+        gpu.temperature_celsius = 31.0 + 42.0 * frac + total.temperature_extra
+        busy = gpu.utilization_gpu_ratio > 0.05
+        gpu.sm_clock_mhz = (
+            int(p.sm_clock_max_mhz * total.clock_frac) if busy else p.sm_clock_idle_mhz
+        )
+        gpu.clock_event_reasons = total.reasons | (0 if busy else GPU_IDLE)
+        gpu.sm_active_ratio = clamp(total.sm_active)
+        gpu.sm_occupancy_ratio = clamp(total.sm_occupancy)
+        gpu.tensor_active_ratio = clamp(total.tensor)
+        gpu.dram_active_ratio = clamp(total.dram)
+        gpu.pcie_tx_bytes_per_second = min(total.pcie_tx, p.pcie_max_bytes_per_second)
+        gpu.pcie_rx_bytes_per_second = min(total.pcie_rx, p.pcie_max_bytes_per_second)
+        gpu.nvlink_tx_bytes_per_second = total.nvlink_tx if p.nvlink_count else 0.0
+        gpu.nvlink_rx_bytes_per_second = total.nvlink_rx if p.nvlink_count else 0.0
+        gpu.processes = [
+            VirtualProcess(
+                w.pid(self.spec.name, gpu.index), load.memory_bytes, clamp(load.util * share)
+            )
+            for w, load in tenants
+            if w.process_alive(self._last_t or 0.0) and load.memory_bytes > 0
+        ]
+
+    def _set_processes(self, t: float) -> None:
+        alive = {}
+        for w in self.workloads:
+            if not w.process_alive(t):
+                continue
+            for spec in w.processes(self.spec.name):
+                start = self._started.setdefault(
+                    spec.pid, int((self.scenario.start_epoch + t) * 100) % 10**9
+                )
+                alive[spec.pid] = (spec, start)
+        for pid in list(self._started):
+            if pid not in alive:
+                del self._started[pid]
+        self.host.set_processes(alive)
+
+    def _faults(self, t: float) -> None:
+        lost: set[int] = set()
+        driver_gone = False
+        for i, fault in enumerate(self.scenario.faults):
+            if fault.node != self.spec.name:
+                continue
+            inside = fault.window.start <= t < max(fault.window.end, fault.window.start + 1)
+            if fault.kind == "lost" and inside and fault.gpu is not None:
+                lost.add(fault.gpu)
+            elif fault.kind == "driver_gone" and inside:
+                driver_gone = True
+            elif fault.kind == "xid" and t >= fault.window.start and i not in self._xids_sent:
+                self._xids_sent.add(i)
+                self.library.inject_xid(fault.gpu or 0, fault.xid)
+        for gpu in self.gpus:
+            gpu.lost = gpu.index in lost
+        self.library.driver_loaded = not driver_gone
+
+
+def combine(tenants: list[tuple[Workload, GpuLoad]], share: float) -> GpuLoad:
+    """Loads of the workloads sharing one GPU: a time-sliced GPU splits its time by ``share``."""
+    out = GpuLoad()
+    if not tenants:
+        return out
+    loads = [load for _, load in tenants]
+    out.memory_bytes = sum(x.memory_bytes for x in loads)
+    for name in (
+        "mem_util",
+        "power_frac",
+        "sm_active",
+        "sm_occupancy",
+        "tensor",
+        "dram",
+        "pcie_tx",
+        "pcie_rx",
+        "nvlink_tx",
+        "nvlink_rx",
+    ):
+        setattr(out, name, sum(getattr(x, name) for x in loads) * share)
+    out.clock_frac = min(x.clock_frac for x in loads)
+    out.temperature_extra = max(x.temperature_extra for x in loads)
+    for x in loads:
+        out.reasons |= x.reasons
+    return out
+
+
+# -- ground truth ---------------------------------------------------------------------------------
+
+
+def truth_spans(scenario: Scenario, workloads: list[Workload], horizon: float) -> list[TruthSpan]:
+    """Every GPU's class over time, with the scenario's injected pathologies."""
+    spans: list[TruthSpan] = []
+    for w in workloads:
+        for node, gpu in w.ranks:
+            for start, end in _active_spans(w, horizon, scenario.interval_seconds):
+                spans.append(
+                    TruthSpan(node, gpu, start, end, w.truth(start), w.name, None, _detail(w))
+                )
+                spans += [s for s in _pathologies(w, node, gpu, start, end) if s.start < s.end]
+    spans += _neighbour_truth(workloads, horizon, scenario.interval_seconds)
+    spans += _idle_spans(scenario, [s for s in spans if s.pathology is None], horizon)
+    return spans
+
+
+def _active_spans(w: Workload, horizon: float, step: float) -> list[tuple[float, float]]:
+    if isinstance(w, HostHog):
+        return []
+    out: list[tuple[float, float]] = []
+    t, start = 0.0, None
+    end = min(w.window.end, horizon)
+    t = max(w.window.start, 0.0)
+    while t < end:
+        on = w.active(t)
+        if on and start is None:
+            start = t
+        elif not on and start is not None:
+            out.append((start, t))
+            start = None
+        t += step
+    if start is not None:
+        out.append((start, end))
+    return out
+
+
+def _detail(w: Workload) -> dict[str, object]:
+    if w.kind in ("training", "finetune"):
+        return {
+            "checkpoint_every_minutes": w.p.checkpoint_every_minutes,
+            "checkpoint_minutes": w.p.checkpoint_minutes,
+            "ranks": len(w.ranks),
+            "nodes": sorted(w.nodes()),
+        }
+    if isinstance(w, Inference):
+        return {"rps": w.p.rps, "tp": w.p.tp, "memory_mode": w.p.memory_mode, "engine": w.p.engine}
+    return {}
+
+
+def _pathologies(w: Workload, node: str, gpu: int, start: float, end: float) -> list[TruthSpan]:
+    out = []
+    p = w.p
+    if w.kind in ("training", "finetune"):
+        body = start + p.warmup_minutes * 60
+        if p.input_bound:
+            cause = {"cpu": "input_cpu", "io": "input_io", "network": "network"}[p.input_bound]
+            out.append(
+                TruthSpan(node, gpu, body, end, w.truth_class, w.name, "starved", {"cause": cause})
+            )
+        if p.straggler_rank >= 0:
+            onset = max(start + p.straggler_onset_hours * 3600, body)
+            rank = w.rank(node, gpu)
+            if rank == p.straggler_rank:
+                out.append(
+                    TruthSpan(
+                        node,
+                        gpu,
+                        onset,
+                        end,
+                        w.truth_class,
+                        w.name,
+                        "straggler",
+                        {"factor": p.straggler_factor},
+                    )
+                )
+            else:
+                out.append(
+                    TruthSpan(
+                        node,
+                        gpu,
+                        onset,
+                        end,
+                        w.truth_class,
+                        w.name,
+                        "starved",
+                        {"cause": "communication", "straggler_rank": p.straggler_rank},
+                    )
+                )
+        if p.throttle:
+            onset = max(start + p.throttle_onset_hours * 3600, body)
+            out.append(
+                TruthSpan(
+                    node,
+                    gpu,
+                    onset,
+                    end,
+                    w.truth_class,
+                    w.name,
+                    "starved",
+                    {"cause": "throttled", "reason": p.throttle},
+                )
+            )
+    if w.kind == "held":
+        out.append(TruthSpan(node, gpu, start, end, w.truth(start), w.name, "idle_held", {}))
+    return out
+
+
+def _overlap(a: Workload, b: Workload, horizon: float) -> tuple[float, float] | None:
+    start = max(a.window.start, b.window.start, 0.0)
+    end = min(a.window.end, b.window.end, horizon)
+    return (start, end) if end > start else None
+
+
+def _neighbour_truth(workloads: list[Workload], horizon: float, step: float) -> list[TruthSpan]:
+    out = []
+    for i, a in enumerate(workloads):
+        for b in workloads[i + 1 :]:
+            span = _overlap(a, b, horizon)
+            if span is None:
+                continue
+            shared = {r for r in a.ranks} & {r for r in b.ranks}
+            for node, gpu in sorted(shared):  # time-sliced co-tenants
+                demand = _mean_demand(a, b, node, gpu, span, step)
+                if demand > 1.05:
+                    for victim, aggressor in ((a, b), (b, a)):
+                        out.append(
+                            TruthSpan(
+                                node,
+                                gpu,
+                                span[0],
+                                span[1],
+                                victim.truth(span[0]),
+                                victim.name,
+                                "noisy_neighbor",
+                                {
+                                    "victim": victim.name,
+                                    "aggressor": aggressor.name,
+                                    "resource": "gpu",
+                                    "slowdown": round(1 - 1 / demand, 3),
+                                },
+                            )
+                        )
+            hog, slowed = _hog_and_victim(a, b)
+            if hog is None or slowed is None or slowed.kind not in ("training", "finetune"):
+                continue
+            for node, gpu in slowed.ranks:
+                if node in hog.nodes():
+                    out.append(
+                        TruthSpan(
+                            node,
+                            gpu,
+                            span[0],
+                            span[1],
+                            slowed.truth_class,
+                            slowed.name,
+                            "noisy_neighbor",
+                            {
+                                "victim": slowed.name,
+                                "aggressor": hog.name,
+                                "resource": hog.p.resource,
+                            },
+                        )
+                    )
+    return out
+
+
+def _hog_and_victim(a: Workload, b: Workload) -> tuple[Workload | None, Workload | None]:
+    if isinstance(a, HostHog):
+        return a, b
+    if isinstance(b, HostHog):
+        return b, a
+    return None, None
+
+
+def _mean_demand(
+    a: Workload, b: Workload, node: str, gpu: int, span: tuple[float, float], step: float
+) -> float:
+    times = [span[0] + (span[1] - span[0]) * k / 50 for k in range(50)]
+    values = [
+        a.gpu_load(t, node, gpu, {}).util + b.gpu_load(t, node, gpu, {}).util
+        for t in times
+        if a.active(t) and b.active(t)
+    ]
+    return sum(values) / len(values) if values else 0.0
+
+
+def _idle_spans(scenario: Scenario, spans: list[TruthSpan], horizon: float) -> list[TruthSpan]:
+    out = []
+    for node in scenario.nodes:
+        for gpu in range(node.gpus):
+            busy = sorted((s.start, s.end) for s in spans if s.node == node.name and s.gpu == gpu)
+            cursor = 0.0
+            for start, end in busy:
+                if start > cursor:
+                    out.append(TruthSpan(node.name, gpu, cursor, start, "idle", "", None, {}))
+                cursor = max(cursor, end)
+            if cursor < horizon:
+                out.append(TruthSpan(node.name, gpu, cursor, horizon, "idle", "", None, {}))
+    return out
+
+
+# -- running --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationResult:
+    nodes: int
+    gpus: int
+    ticks: int
+    simulated_seconds: float
+    rows_written: int
+
+
+def simulate(
+    scenario: Scenario,
+    store_path: Path,
+    days: float | None = None,
+    seed: int | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> SimulationResult:
+    """Fast-forward ``scenario`` into the store at ``store_path``; deterministic per seed."""
+    seed = scenario.seed if seed is None else seed
+    horizon = (scenario.days if days is None else days) * 86400
+    interval = scenario.interval_seconds
+    ticks = int(horizon // interval)
+    workloads = build_workloads(scenario, seed)
+    store = Store(store_path, buffer_capacity_rows=1_000_000)
+    total_ticks = ticks * len(scenario.nodes)
+    done = 0
+    scratch = "/dev/shm" if Path("/dev/shm").is_dir() else None  # memory-backed when possible
+    with tempfile.TemporaryDirectory(prefix="aiscope-sim-", dir=scratch) as tmp:
+        for node in scenario.nodes:
+            sim = NodeSim(
+                node,
+                scenario,
+                workloads,
+                VirtualClock(scenario.start_epoch),
+                Path(tmp) / node.name,
+                seed,
+            )
+            sampler = _sampler(sim, store)
+            sim.apply(0.0)
+            sampler.start()
+            for k in range(ticks):
+                t = k * interval
+                sim.clock.now = scenario.start_epoch + t
+                sim.apply(t)
+                sampler.tick()
+                sampler.scan_processes()
+                done += 1
+                if k % 240 == 239:
+                    store.flush()
+                    if progress:
+                        progress(done / total_ticks)
+            sampler.stop()
+            store.flush()
+    store.write_now(_truth_records(scenario, workloads, horizon, seed))
+    store.rollup(scenario.start_epoch + horizon + 3600)
+    stats = store.stats()
+    store.close()
+    if progress:
+        progress(1.0)
+    gpus = sum(n.gpus for n in scenario.nodes)
+    return SimulationResult(
+        len(scenario.nodes), gpus, total_ticks, horizon, stats.rows_written_total
+    )
+
+
+class LiveNode:
+    """One scenario node played in real time: scenario time 0 is when the agent starts."""
+
+    def __init__(
+        self, sim: NodeSim, wall_start: float, tmp: tempfile.TemporaryDirectory[str]
+    ) -> None:
+        self.sim = sim
+        self._wall_start = wall_start
+        self._tmp = tmp  # kept alive with the node
+        self.library = sim.library
+        self.library.drive = self._drive
+        self._applied_at = -1.0
+
+    @classmethod
+    def start(cls, scenario_name: str, node: str | None) -> LiveNode:
+        scenario = load_scenario(scenario_name)
+        names = [n.name for n in scenario.nodes]
+        chosen = node or names[0]
+        if chosen not in names:
+            raise ScenarioError(
+                f"--sim-node: {chosen!r} is not in {scenario.name} ({', '.join(names)})"
+            )
+        spec = next(n for n in scenario.nodes if n.name == chosen)
+        wall_start = time.time()
+        tmp = tempfile.TemporaryDirectory(prefix="aiscope-live-")
+        clock = VirtualClock(wall_start)
+        sim = NodeSim(
+            spec,
+            scenario,
+            build_workloads(scenario, scenario.seed),
+            clock,
+            Path(tmp.name),
+            scenario.seed,
+        )
+        live = cls(sim, wall_start, tmp)
+        live._drive(sim.gpus[0] if sim.gpus else None, wall_start)
+        return live
+
+    def _drive(self, gpu: VirtualGpu | None, now: float) -> None:
+        """Advance the whole node at most once a second of wall time."""
+        if now - self._applied_at < 1.0:
+            return
+        self._applied_at = now
+        self.sim.clock.now = now
+        self.sim.apply(now - self._wall_start)
+
+    def host_reader(self, node: str) -> HostReader:
+        host = self.sim.host
+        return HostReader(
+            node, proc_root=host.proc, sys_root=host.sys, cgroup_root=host.cgroup, ps=host
+        )
+
+    def proc_reader(self) -> ProcReader:
+        return ProcReader(self.sim.host.proc, user_name=lambda uid: f"user{uid}")
+
+
+def _sampler(sim: NodeSim, store: Store) -> Sampler:
+    return Sampler(
+        node=sim.spec.name,
+        nvml=Nvml(sim.library),
+        host=HostReader(
+            sim.spec.name,
+            proc_root=sim.host.proc,
+            sys_root=sim.host.sys,
+            cgroup_root=sim.host.cgroup,
+            ps=sim.host,
+        ),
+        procs=ProcReader(sim.host.proc, user_name=lambda uid: f"user{uid}"),
+        store=store,
+        clock=sim.clock,
+        event_thread=False,
+    )
+
+
+def _truth_records(
+    scenario: Scenario, workloads: list[Workload], horizon: float, seed: int
+) -> list[GroundTruth]:
+    uuids = {
+        (n.name, i): virtual_uuid(stable_seed(seed, n.name), i)
+        for n in scenario.nodes
+        for i in range(n.gpus)
+    }
+    return [
+        GroundTruth(
+            node=s.node,
+            uuid=uuids[(s.node, s.gpu)],
+            gpu_index=s.gpu,
+            start_ts=scenario.start_epoch + s.start,
+            end_ts=scenario.start_epoch + s.end,
+            truth_class=s.truth_class,
+            workload=s.workload,
+            pathology=s.pathology,
+            detail=json.dumps(s.detail, sort_keys=True),
+        )
+        for s in truth_spans(scenario, workloads, horizon)
+    ]
