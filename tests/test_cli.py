@@ -107,7 +107,7 @@ def test_every_command_has_help_with_examples(args: list[str]) -> None:
     result = _aiscope(*args)
     assert result.returncode == 0, result.stderr
     assert "Usage" in result.stdout
-    if args[-2:-1] in (["run"], ["info"]) or args == ["--help"]:
+    if args[-2:-1] in (["run"], ["info"], ["simulate"]) or args == ["--help"]:
         assert "Examples" in result.stdout
 
 
@@ -242,3 +242,65 @@ def test_listen_address_in_use_is_a_clean_failure(tmp_path: Path) -> None:
         )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("aiscope: cannot listen on")
+
+
+@pytest.mark.slow
+def test_agent_plays_one_scenario_node_live(tmp_path: Path) -> None:
+    store, port = tmp_path / "live.duckdb", _free_port()
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aiscope",
+            "agent",
+            "run",
+            "--simulate",
+            "training-multinode",
+            "--sim-node",
+            "gpu-node-03",
+            "--store",
+            str(store),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--process-interval",
+            "1",
+            "--flush-interval",
+            "1",
+            "--duration",
+            "6",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    text = _wait_for(
+        lambda: (m := _metrics(port)) and "aiscope_gpu_process_memory_used_bytes{" in m and m,
+        what="process series",
+    )
+    _, err = agent.communicate(timeout=60)
+    assert agent.returncode == 0, err
+    assert text.count("aiscope_gpu_up{") == 4 and 'model="NVIDIA L40S"' in text
+    assert 'comm="python"' in text and "finetune.py" not in text  # command lines stay in the store
+    con = connect_read_only(store)
+    cmdlines = [r[0] for r in con.execute("SELECT cmdline FROM processes").fetchall()]
+    con.close()
+    assert any("finetune.py --epochs 10" in c for c in cmdlines)
+
+
+def test_simulate_list_and_a_short_run(tmp_path: Path) -> None:
+    listed = _aiscope("simulate", "--list")
+    assert listed.returncode == 0
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert {"demo", "starved-input", "noisy-timeslice", "inference-diurnal"} <= set(names)
+    store = tmp_path / "s.duckdb"
+    result = _aiscope("simulate", "starved-input", "--store", str(store), "--days", "0.05")
+    assert result.returncode == 0, result.stderr
+    assert "simulated 0.05 days of starved-input" in result.stdout
+    con = connect_read_only(store)
+    truth = con.execute(
+        "SELECT DISTINCT workload, json_extract_string(detail, '$.cause') FROM ground_truth "
+        "WHERE pathology = 'starved' ORDER BY 1"
+    ).fetchall()
+    con.close()
+    assert truth == [("resnet-cpu-bound", "input_cpu"), ("video-io-bound", "input_io")]

@@ -523,7 +523,8 @@ class LiveNode:
         self._applied_at = -1.0
 
     @classmethod
-    def start(cls, scenario_name: str, node: str | None) -> LiveNode:
+    def start(cls, scenario_name: str, node: str | None, at_hours: float = 0.0) -> LiveNode:
+        """Play ``node`` of the scenario from scenario time ``at_hours`` on."""
         scenario = load_scenario(scenario_name)
         names = [n.name for n in scenario.nodes]
         chosen = node or names[0]
@@ -532,7 +533,7 @@ class LiveNode:
                 f"--sim-node: {chosen!r} is not in {scenario.name} ({', '.join(names)})"
             )
         spec = next(n for n in scenario.nodes if n.name == chosen)
-        wall_start = time.time()
+        wall_start = time.time() - at_hours * 3600
         tmp = tempfile.TemporaryDirectory(prefix="aiscope-live-")
         clock = VirtualClock(wall_start)
         sim = NodeSim(
@@ -544,7 +545,7 @@ class LiveNode:
             scenario.seed,
         )
         live = cls(sim, wall_start, tmp)
-        live._drive(sim.gpus[0] if sim.gpus else None, wall_start)
+        live._drive(sim.gpus[0] if sim.gpus else None, time.time())
         return live
 
     def _drive(self, gpu: VirtualGpu | None, now: float) -> None:

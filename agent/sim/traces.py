@@ -56,6 +56,19 @@ class Arrivals:
         """The burst multiplier at second ``t`` for a stream starting at ``offset``."""
         return self.per_second[(int(t) + offset) % len(self.per_second)]
 
+    def window_mean(self, t: float, offset: int, seconds: int) -> float:
+        """The mean multiplier over the ``seconds`` before ``t``: what a server with that many
+        seconds of requests in flight (Little's law) is busy with."""
+        n = len(self.per_second)
+        end = (int(t) + offset) % n
+        start = end - seconds
+        prefix = _prefix(self.per_second)
+        if start >= 0:
+            total = prefix[end] - prefix[start]
+        else:
+            total = prefix[end] + prefix[n] - prefix[n + start]
+        return total / seconds
+
 
 @dataclass(frozen=True, slots=True)
 class Diurnal:
@@ -83,6 +96,14 @@ class StepTimes:
     def multiplier(self, worker: int, step: int) -> float:
         series = self.workers[worker % len(self.workers)]
         return series[step % len(series)]
+
+
+@cache
+def _prefix(values: tuple[float, ...]) -> tuple[float, ...]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return tuple(out)
 
 
 @cache
@@ -134,7 +155,7 @@ def diurnal() -> Diurnal:
     return Diurnal(tuple(v / mean for v in windows), "parametric (14:00 peak, weekend 0.7)")
 
 
-def _servegen(folder: Path, tenants: int = 8) -> Diurnal | None:
+def _servegen(folder: Path, tenants: int = 1000) -> Diurnal | None:
     series: list[list[float]] = []
     for path in sorted(folder.glob("chunk-*-trace.csv")):
         with path.open(newline="") as f:
@@ -148,7 +169,9 @@ def _servegen(folder: Path, tenants: int = 8) -> Diurnal | None:
     mean = sum(total) / len(total)
     if mean <= 0:
         return None
-    return Diurnal(tuple(v / mean for v in total), f"servegen m-large (top {tenants} tenants)")
+    return Diurnal(
+        tuple(v / mean for v in total), f"servegen m-large ({min(tenants, len(series))} tenants)"
+    )
 
 
 @cache

@@ -376,25 +376,27 @@ class Training(Workload):
         if throttled:
             load.reasons = (HW_THERMAL | SW_THERMAL) if p.throttle == "thermal" else SW_POWER_CAP
             load.temperature_extra = 22.0 if p.throttle == "thermal" else 4.0
-        gb = p.gradient_gb * GIB
+        # Utilization is NVML's duty cycle over its last short sample window: a snapshot of
+        # where in the step the read lands. Power is the driver's 1 s average and GPM metrics
+        # average over the whole interval since the last read: both mix the step's phases.
+        comm_share = max(1.0 - idle_share - my_compute, 0.0)
         if phase < idle_share:  # waiting for input: the GPU has nothing to run
-            load.util, load.sm_active, load.power_frac = (
-                0.03 + 0.05 * unit(s, step, rank),
-                0.01,
-                0.07,
-            )
-            load.pcie_rx = 2e9
+            load.util = 0.03 + 0.05 * unit(s, step, rank)
         elif phase < idle_share + my_compute:
             load.util = clamp(0.985 + noise(s, t, rank, 0.015))
-            load.mem_util, load.sm_active, load.sm_occupancy = 0.55, 0.74, 0.42
-            load.tensor, load.dram = 0.58, 0.5
-            load.power_frac = (0.9 if not throttled else 0.97) + noise(s, t, rank, 0.04)
-            load.pcie_rx = 1.5e9
-        else:  # in the all-reduce, or waiting in it for a slower rank
+        else:  # in the all-reduce, or waiting in it for a slower rank: kernels still "run"
             load.util = clamp(0.97 + noise(s, t, rank, 0.03))
-            load.mem_util, load.sm_active, load.sm_occupancy = 0.12, 0.11, 0.06
-            load.power_frac = 0.33 + noise(s, t, rank, 0.05)
-            load.nvlink_tx = load.nvlink_rx = 2 * gb / max(comm, 0.1)
+        c, w, i = my_compute, comm_share, idle_share
+        load.power_frac = c * (0.9 if not throttled else 0.97) + w * 0.33 + i * 0.07
+        load.power_frac += noise(s, t, rank, 0.03)
+        load.sm_active = c * 0.74 + w * 0.11 + i * 0.01
+        load.sm_occupancy = c * 0.42 + w * 0.06
+        load.tensor = c * 0.58
+        load.dram = c * 0.5 + w * 0.1
+        load.mem_util = c * 0.55 + w * 0.12
+        load.pcie_rx = 1.5e9 * c + 2e9 * i
+        gb = p.gradient_gb * GIB
+        load.nvlink_tx = load.nvlink_rx = 2 * gb / step_time
         load.power_frac = clamp(load.power_frac)
         return load
 
@@ -475,6 +477,7 @@ class InferenceParams:
     model_gb: float = 16.0
     startup_minutes: float = 3.0
     diurnal: bool = True
+    inflight_seconds: int = 30  # requests in flight: decode of ~200 tokens plus queueing
     engine: str = "vllm"  # vllm, tritonserver, sglang, tgi
 
 
@@ -490,11 +493,23 @@ class Inference(Workload):
     def replicas(self) -> int:
         return max(len(self.ranks) // max(int(self.p.tp), 1), 1)
 
+    def _offset(self, replica: int) -> int:
+        return 977 * (replica + 1) + 131 * self.index
+
     def request_rate(self, t: float, replica: int) -> float:
-        """Requests per second reaching ``replica`` at scenario time ``t``."""
+        """Requests per second reaching ``replica`` in the second before scenario time ``t``."""
         p = self.p
         level = traces.diurnal().multiplier(self.epoch(t) - MONDAY_EPOCH) if p.diurnal else 1.0
-        burst = traces.arrivals().multiplier(self.epoch(t), 977 * (replica + 1) + 131 * self.index)
+        burst = traces.arrivals().multiplier(self.epoch(t), self._offset(replica))
+        return float(p.rps * level * burst / self.replicas())
+
+    def load(self, t: float, replica: int) -> float:
+        """Requests in flight on ``replica``, as requests per second of work (smoothed bursts)."""
+        p = self.p
+        level = traces.diurnal().multiplier(self.epoch(t) - MONDAY_EPOCH) if p.diurnal else 1.0
+        burst = traces.arrivals().window_mean(
+            self.epoch(t), self._offset(replica), int(p.inflight_seconds)
+        )
         return float(p.rps * level * burst / self.replicas())
 
     def gpu_load(self, t: float, node: str, gpu: int, slowdown: dict[str, float]) -> GpuLoad:
@@ -508,11 +523,11 @@ class Inference(Workload):
                 util=0.02, memory_bytes=int(weights * ramp), power_frac=0.05, pcie_rx=8e9
             )
         replica = self._replica(node, gpu)
-        rho = self.request_rate(t, replica) / p.capacity_rps / max(slowdown.get("gpu", 1.0), 1.0)
+        rho = self.load(t, replica) / p.capacity_rps
         busy = clamp(rho, 0.0, 1.0)
         util = clamp(0.97 * busy + noise(self.seed, t, replica, 0.015))  # same for a replica's GPUs
         if p.memory_mode == "preallocate":
-            memory = int(total * p.memory_fraction) - self.profiles[node].memory_reserved_bytes
+            memory = int(total * p.memory_fraction)
         else:
             kv = (total * 0.85 - weights) * clamp(0.15 + 0.85 * busy)
             memory = int(weights + kv)
@@ -789,7 +804,7 @@ def params_from(cls: type[Workload], raw: dict[str, Any], where: str) -> Any:
             ok = isinstance(value, bool)
         elif isinstance(default, float):
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            value = float(value)
+            value = float(value) if ok else value
         elif isinstance(default, int):
             ok = isinstance(value, int) and not isinstance(value, bool)
         else:
