@@ -215,6 +215,9 @@ class AgentCollector(Collector):
         )
         for s in snap.gpus:
             up.add_metric(labels[s.uuid], 1.0 if s.up else 0.0)
+        if not snap.gpus and not snap.driver_up:
+            # Host-only mode: no GPU is known, but "no GPU answered" must still be visible.
+            up.add_metric([snap.node] + [""] * (len(GPU_LABELS) - 1), 0.0)
         yield up
         yield _driver_up(snap)
         for spec in GPU_GAUGES:

@@ -102,6 +102,7 @@ def test_driver_missing_exports_driver_up_zero_and_no_gpus(tmp_path, clock) -> N
     registry = build_registry([AgentCollector(sampler.snapshot, store.stats, "x")], False)
     series = _series(render(registry).decode())
     assert [s.value for s in series["aiscope_driver_up"]] == [0.0]
+    assert [(s.labels["node"], s.value) for s in series["aiscope_gpu_up"]] == [("n", 0.0)]
     assert "aiscope_gpu_utilization_ratio" not in series
 
 
