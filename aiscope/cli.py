@@ -269,6 +269,46 @@ def simulate_command(
     )
 
 
+@app.command("analyze")
+def analyze_command(
+    store: Annotated[
+        list[str] | None,
+        typer.Option(help="A store file, directory or glob; repeat it to analyze a fleet."),
+    ] = None,
+    since: Annotated[str, typer.Option(help="Window length, ending at the newest sample.")] = "7d",
+    output_format: Annotated[str, typer.Option("--format", help="json or text.")] = "json",
+    wait: Annotated[
+        float, typer.Option(help="Seconds to wait for an agent to release a store.")
+    ] = 10.0,
+) -> None:
+    """Classify what every GPU was doing (training, inference, batch, interactive, idle).
+
+    Prints the aiscope.analysis/1 JSON document (or a table with --format text). Works while
+    agents are writing the stores.
+
+    \b
+    Examples:
+      aiscope analyze --store /var/lib/aiscope --format text
+      aiscope analyze --store 'fleet/*.duckdb' --since 24h > analysis.json
+      aiscope analyze --store node1.duckdb --store node2.duckdb
+    """
+    from agent.config import default_store  # noqa: PLC0415
+    from agent.store import StoreError  # noqa: PLC0415
+    from analyzer.analysis import analyze, render_text  # noqa: PLC0415
+    from analyzer.load import InputError  # noqa: PLC0415
+
+    if output_format not in ("json", "text"):
+        raise UserError(f"--format: expected json or text, got {output_format!r}")
+    stores = store or [str(default_store())]
+    try:
+        doc = analyze(stores, since=since, timeout=wait)
+    except InputError as exc:
+        raise UserError(str(exc)) from exc
+    except StoreError as exc:
+        raise Failure(str(exc)) from exc
+    typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
+
+
 @contextmanager
 def _progress(label: str) -> Iterator[Callable[[float], None]]:
     """A progress bar on a terminal; silent when stderr is piped."""

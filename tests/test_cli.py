@@ -160,6 +160,9 @@ def test_agent_serves_metrics_and_store_reads_while_it_writes(tmp_path: Path) ->
             info = json.loads(result.stdout)
             counts.append({t["table"]: t["rows"] for t in info["tables"]}["gpu_samples"])
         assert counts == sorted(counts) and counts[-1] > counts[0]
+        analysis = _aiscope("analyze", "--store", str(store), "--since", "1h")
+        assert analysis.returncode == 0, analysis.stderr
+        assert len(json.loads(analysis.stdout)["gpus"]) == 4
     finally:
         agent.send_signal(signal.SIGTERM)
         _, err = agent.communicate(timeout=30)

@@ -1,0 +1,83 @@
+"""``aiscope analyze``: the contract's ``aiscope.analysis/1`` document, and its text form."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+from typing import Any
+
+from analyzer.classify import GpuVerdict, classify
+from analyzer.load import InputError, expand, load
+
+SCHEMA = "aiscope.analysis/1"
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``15m``, ``24h``, ``7d`` -> seconds. Raises :class:`InputError`."""
+    match = _DURATION.match(text.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise InputError(f"--since: expected a duration like 90s, 15m, 24h or 7d, got {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def analyze(stores: list[str], since: str = "7d", timeout: float = 10.0) -> dict[str, Any]:
+    """Run every analysis over the window and return the contract's JSON document."""
+    seconds = parse_duration(since)
+    paths: list[Path] = expand(stores)
+    data = load(paths, seconds, timeout=timeout)
+    verdicts = classify(data)
+    return {
+        "schema": SCHEMA,
+        "window": {"start": iso(data.window_start), "end": iso(data.window_end)},
+        "stores": [str(p) for p in paths],
+        "gpus": [_gpu(v) for v in verdicts],
+        "findings": [],
+        "recommendations": [],
+    }
+
+
+def _gpu(v: GpuVerdict) -> dict[str, Any]:
+    return {
+        "node": v.info.node,
+        "gpu": v.info.gpu_index,
+        "uuid": v.info.uuid,
+        "model": v.info.model,
+        "class": v.gpu_class,
+        "confidence": v.confidence,
+        "evidence": list(v.evidence),
+        "segments": [
+            {
+                "start": iso(s.start),
+                "end": iso(s.end),
+                "class": s.gpu_class,
+                "confidence": s.confidence,
+                "evidence": list(s.evidence),
+            }
+            for s in v.segments
+        ],
+    }
+
+
+def render_text(doc: dict[str, Any]) -> str:
+    """A readable table: one line per GPU, then the class totals."""
+    lines = [f"window {doc['window']['start']} .. {doc['window']['end']}", ""]
+    header = f"{'node':<16} {'gpu':>3}  {'class':<12} {'conf':>4}  evidence"
+    lines += [header, "-" * len(header)]
+    for g in doc["gpus"]:
+        reason = g["evidence"][1] if len(g["evidence"]) > 1 else g["evidence"][0]
+        lines.append(
+            f"{g['node']:<16} {g['gpu']:>3}  {g['class']:<12} {g['confidence']:>4.2f}  "
+            f"{g['evidence'][0]}; {reason}"
+        )
+    counts: dict[str, int] = {}
+    for g in doc["gpus"]:
+        counts[g["class"]] = counts.get(g["class"], 0) + 1
+    lines += ["", "GPUs by class: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
+    return "\n".join(lines)

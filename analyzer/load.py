@@ -1,0 +1,212 @@
+"""Read one store or a fleet of stores, and aggregate in DuckDB: Python sees buckets, not rows.
+
+Each store is attached read-only to an in-memory DuckDB (retrying while an agent holds it for a
+flush), the window's samples are aggregated into fixed buckets per GPU in SQL, the results are
+copied into memory, and the stores are detached again, so a running agent is blocked only for
+the length of the aggregation.
+"""
+
+from __future__ import annotations
+
+import glob
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from agent.store import StoreError, check_schema
+
+BUCKET_SECONDS = 300
+
+
+class InputError(ValueError):
+    """Bad input to the analyzer (no such store, not a store, bad window): exit code 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """One GPU over one bucket: means unless named otherwise; ``None`` when not reported."""
+
+    start: float
+    samples: int
+    up_samples: int
+    util: float | None
+    util_max: float | None
+    util_min: float | None
+    memory_bytes: float | None
+    memory_max_bytes: float | None
+    power_watts: float | None
+    sm_active: float | None
+    nvlink_bytes_per_second: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    node: str
+    uuid: str
+    gpu_index: int
+    model: str | None
+    memory_total_bytes: float | None
+    power_limit_watts: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetData:
+    """Everything the classifier needs for one window."""
+
+    window_start: float
+    window_end: float
+    bucket_seconds: int
+    gpus: tuple[GpuInfo, ...]
+    buckets: dict[str, tuple[Bucket, ...]]  # uuid -> buckets in time order
+    hints: dict[str, tuple[str, ...]]  # uuid -> command names and lines seen on it
+    sample_interval_seconds: float | None
+
+
+def expand(patterns: list[str]) -> list[Path]:
+    """Store paths from ``--store`` values: files, directories (``aiscope.duckdb`` inside) and
+    globs. Raises :class:`InputError` when nothing matches."""
+    paths: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        if not matches:
+            raise InputError(f"--store {pattern}: no store matches this pattern")
+        for match in matches:
+            path = Path(match)
+            path = path / "aiscope.duckdb" if path.is_dir() else path
+            if not path.exists():
+                raise InputError(f"--store {match}: no such store")
+            if path not in paths:
+                paths.append(path)
+    if not paths:
+        raise InputError("no store given (use --store PATH or set AISCOPE_STORE)")
+    return paths
+
+
+def _attach(con: duckdb.DuckDBPyConnection, alias: str, path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        try:
+            con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [str(path)])
+            break
+        except duckdb.Error as exc:
+            message = str(exc).splitlines()[0]
+            if "lock" not in message.lower():
+                raise InputError(f"{path}: not a readable aiscope store ({message})") from None
+            if time.monotonic() >= deadline:
+                raise StoreError(
+                    f"{path}: still held by another process after {timeout:g}s"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+    con.execute(f"USE {alias}")
+    try:
+        check_schema(con, path)
+    except StoreError as exc:
+        raise InputError(str(exc)) from None
+    finally:
+        con.execute("USE memory")
+
+
+def _union(aliases: list[str], table: str) -> str:
+    return " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
+
+
+def load(
+    paths: list[Path],
+    since_seconds: float,
+    timeout: float = 10.0,
+    bucket_seconds: int = BUCKET_SECONDS,
+) -> FleetData:
+    """Aggregate the window ``(newest sample - since, newest sample]`` of every store."""
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    aliases = [f"s{i}" for i in range(len(paths))]
+    try:
+        for alias, path in zip(aliases, paths, strict=True):
+            _attach(con, alias, path, timeout)
+        con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, 'gpu_samples')}")
+        row = con.execute("SELECT min(ts), max(ts) FROM g").fetchone()
+        if row is None or row[1] is None:
+            raise InputError(f"{paths[0]}: the store has no GPU samples yet")
+        end = float(row[1])
+        # An old or short capture still analyzes: the window ends at its newest sample and
+        # starts no earlier than its first.
+        start = max(end - since_seconds, float(row[0]) - 1.0)
+        _materialize(con, aliases, start, end, bucket_seconds)
+        for alias in aliases:
+            con.execute(f"DETACH {alias}")
+        return _fetch(con, start, end, bucket_seconds)
+    finally:
+        con.close()
+
+
+def _materialize(
+    con: duckdb.DuckDBPyConnection, aliases: list[str], start: float, end: float, bucket: int
+) -> None:
+    con.execute(
+        "CREATE TABLE buckets AS SELECT node, uuid, "
+        "floor(ts / $b) * $b AS start, count(*) AS samples, count(*) FILTER (WHERE up) AS ups, "
+        "avg(utilization_gpu_ratio) AS util, max(utilization_gpu_ratio) AS util_max, "
+        "min(utilization_gpu_ratio) AS util_min, avg(memory_used_bytes) AS mem, "
+        "max(memory_used_bytes) AS mem_max, avg(power_watts) AS power, "
+        "avg(sm_active_ratio) AS sm, "
+        "avg(coalesce(nvlink_tx_bytes_per_second, 0) + coalesce(nvlink_rx_bytes_per_second, 0)) "
+        "FILTER (WHERE nvlink_tx_bytes_per_second IS NOT NULL) AS nvlink "
+        "FROM g WHERE ts > $s AND ts <= $e GROUP BY ALL",
+        {"b": bucket, "s": start, "e": end},
+    )
+    con.execute(
+        "CREATE TABLE interval AS SELECT median(d) AS d FROM (SELECT ts - lag(ts) OVER "
+        "(ORDER BY ts) AS d FROM g WHERE uuid = (SELECT min(uuid) FROM g) "
+        "AND ts > greatest($s, $e - 86400) AND ts <= $e) WHERE d > 0",
+        {"s": start, "e": end},
+    )
+    con.execute(
+        f"CREATE TABLE devices AS SELECT node, uuid, any_value(gpu_index) AS gpu_index, "
+        f"any_value(name) AS name, max(memory_total_bytes) AS total, "
+        f"max(power_limit_watts) AS power_limit FROM ({_union(aliases, 'devices')}) GROUP BY 1, 2"
+    )
+    con.execute(
+        "CREATE TABLE hints AS SELECT DISTINCT s.uuid, coalesce(p.comm, '') AS comm, "
+        "coalesce(p.cmdline, '') AS cmdline "
+        f"FROM ({_union(aliases, 'process_samples')}) s "
+        f"JOIN ({_union(aliases, 'processes')}) p "
+        "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
+        "WHERE s.ts > $s AND s.ts <= $e",
+        {"s": start, "e": end},
+    )
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, start: float, end: float, bucket: int) -> FleetData:
+    gpus = tuple(
+        GpuInfo(node, uuid, int(index), name, total, limit)
+        for node, uuid, index, name, total, limit in con.execute(
+            "SELECT b.node, b.uuid, coalesce(d.gpu_index, 0), d.name, d.total, d.power_limit "
+            "FROM (SELECT DISTINCT node, uuid FROM buckets) b "
+            "LEFT JOIN devices d USING (node, uuid) "
+            "ORDER BY b.node, coalesce(d.gpu_index, 0), b.uuid"
+        ).fetchall()
+    )
+    buckets: dict[str, list[Bucket]] = {g.uuid: [] for g in gpus}
+    for row in con.execute(
+        "SELECT uuid, start, samples, ups, util, util_max, util_min, mem, mem_max, power, sm, "
+        "nvlink FROM buckets ORDER BY uuid, start"
+    ).fetchall():
+        buckets[row[0]].append(Bucket(*row[1:]))
+    hints: dict[str, list[str]] = {}
+    for uuid, comm, cmdline in con.execute("SELECT uuid, comm, cmdline FROM hints").fetchall():
+        hints.setdefault(uuid, []).append(f"{comm} {cmdline}".strip())
+    interval = con.execute("SELECT d FROM interval").fetchone()
+    return FleetData(
+        window_start=start,
+        window_end=end,
+        bucket_seconds=bucket,
+        gpus=gpus,
+        buckets={k: tuple(v) for k, v in buckets.items()},
+        hints={k: tuple(sorted(set(v))) for k, v in hints.items()},
+        sample_interval_seconds=None
+        if interval is None or interval[0] is None
+        else float(interval[0]),
+    )

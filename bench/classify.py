@@ -1,0 +1,124 @@
+"""Classifier accuracy on held-out scenarios: `python bench/classify.py [--days 3]`.
+
+The scenarios in `bench/heldout/` were never used to tune the classifier (other GPU models,
+seeds, rates, tensor-parallel widths, checkpoint cadences and batch windows than the built-in
+scenarios). Each is simulated, analyzed with `aiscope analyze`'s code, and scored against its
+ground truth:
+
+* per GPU: the predicted overall class vs the class that held the GPU longest;
+* per segment, weighted by time: the predicted class of every minute vs the true one.
+
+Prints accuracy per class, training-vs-inference accuracy, and the confusion matrix. A baseline
+measured in the same run: always answering the most common class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+
+from agent.sim.engine import simulate
+from agent.sim.scenario import load
+from analyzer.analysis import analyze
+
+HERE = Path(__file__).parent / "heldout"
+CLASSES = ("training", "inference", "batch", "interactive", "idle")
+
+
+def truth(store: Path) -> tuple[dict[str, str], list[tuple[str, float, float, str]]]:
+    con = duckdb.connect(str(store), read_only=True)
+    spans = con.execute(
+        "SELECT uuid, start_ts, end_ts, truth_class FROM ground_truth WHERE pathology IS NULL"
+    ).fetchall()
+    con.close()
+    held: dict[str, Counter[str]] = {}
+    for uuid, start, end, cls in spans:
+        held.setdefault(uuid, Counter())[cls] += end - start
+    return {u: c.most_common(1)[0][0] for u, c in held.items()}, spans
+
+
+def minute_truth(spans: list[tuple[str, float, float, str]], uuid: str, t: float) -> str | None:
+    for u, start, end, cls in spans:
+        if u == uuid and start <= t < end:
+            return cls
+    return None
+
+
+def evaluate(path: Path, days: float) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "s.duckdb"
+        simulate(load(str(path)), store, days=days)
+        doc = analyze([str(store)], since=f"{days}d")
+        gpu_truth, spans = truth(store)
+    per_gpu: Counter[tuple[str, str]] = Counter()
+    per_time: Counter[tuple[str, str]] = Counter()
+    import datetime as dt
+
+    for g in doc["gpus"]:
+        per_gpu[(gpu_truth.get(g["uuid"], "idle"), g["class"])] += 1
+        for seg in g["segments"]:
+            start = dt.datetime.fromisoformat(seg["start"].replace("Z", "+00:00")).timestamp()
+            end = dt.datetime.fromisoformat(seg["end"].replace("Z", "+00:00")).timestamp()
+            t = start
+            while t < end:
+                actual = minute_truth(spans, g["uuid"], t)
+                if actual:
+                    per_time[(actual, seg["class"])] += 1
+                t += 600
+    return per_gpu, per_time
+
+
+def report(title: str, confusion: Counter[tuple[str, str]]) -> None:
+    total = sum(confusion.values())
+    right = sum(v for (a, p), v in confusion.items() if a == p)
+    common = Counter({a: 0 for a in CLASSES})
+    for (a, _), v in confusion.items():
+        common[a] += v
+    baseline = common.most_common(1)[0][1] / total
+    print(
+        f"\n{title}: accuracy {right / total:.3f} over {total} "
+        f"(baseline, always '{common.most_common(1)[0][0]}': {baseline:.3f})"
+    )
+    for cls in CLASSES:
+        n = sum(v for (a, _), v in confusion.items() if a == cls)
+        if n:
+            ok = confusion[(cls, cls)]
+            print(f"  {cls:<12} {ok / n:.3f}  ({ok}/{n})")
+    ti = {k: v for k, v in confusion.items() if k[0] in ("training", "inference")}
+    tin = sum(ti.values())
+    if tin:
+        print(f"  training vs inference: {sum(v for (a, p), v in ti.items() if a == p) / tin:.3f}")
+    print("  confusion (rows: truth, columns: predicted)")
+    print("  " + " " * 12 + "".join(f"{c[:8]:>9}" for c in CLASSES))
+    for a in CLASSES:
+        print(f"  {a:<12}" + "".join(f"{confusion[(a, p)]:>9}" for p in CLASSES))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--days", type=float, default=3.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    per_gpu: Counter[tuple[str, str]] = Counter()
+    per_time: Counter[tuple[str, str]] = Counter()
+    for path in sorted(HERE.glob("*.toml")):
+        g, t = evaluate(path, args.days)
+        per_gpu.update(g)
+        per_time.update(t)
+        print(
+            f"{path.stem}: {sum(v for (a, p), v in g.items() if a == p)}/{sum(g.values())} GPUs",
+            file=sys.stderr,
+        )
+    report("per GPU (overall class)", per_gpu)
+    report("per 10 minutes of segment time", per_time)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
