@@ -286,14 +286,16 @@ def _sql_type(annotation: str) -> str:
     return _SQL_TYPES[base]
 
 
-def create_table_sql(record: type[Any]) -> str:
-    """DDL for a record's table. Keyed records are upserted by the store, not by a constraint."""
+def create_table_sql(record: type[Any], name: str | None = None, temp: bool = False) -> str:
+    """DDL for a record's table (or a ``temp`` table of the same shape called ``name``).
+    Keyed records are upserted by the store, not by a constraint."""
     cols = []
     for f in dataclasses.fields(record):
         annotation = str(f.type)
         not_null = "" if "None" in annotation else " NOT NULL"
         cols.append(f"{f.name} {_sql_type(annotation)}{not_null}")
-    return f"CREATE TABLE IF NOT EXISTS {record.TABLE} ({', '.join(cols)})"
+    kind = "TEMP TABLE" if temp else "TABLE IF NOT EXISTS"
+    return f"CREATE {kind} {name or record.TABLE} ({', '.join(cols)})"
 
 
 def rollup_table_sql(table: str) -> str:

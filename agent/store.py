@@ -247,6 +247,8 @@ class Store:
         self._initialized = False
         self._con: duckdb.DuckDBPyConnection | None = None
         self._in_transaction = False
+        self.last_merge_written = 0
+        self.last_merge_skipped = 0
         self._writes = 0
         #: Writes between WAL checkpoints (each write is a flush, a rollup or a prune).
         self.checkpoint_every = 6
@@ -430,6 +432,45 @@ class Store:
             insert_rows(con, record.TABLE, columns(record), [as_row(r) for r in records])
             con.execute("COMMIT")
             self._in_transaction = False
+
+    @contextmanager
+    def staging(self, record: type[Any]) -> Iterator[Callable[[list[tuple[Any, ...]]], None]]:
+        """Stage rows of ``record`` in memory, then merge them into the store in one transaction,
+        skipping rows already stored (same node, GPU, timestamp and source; for process samples
+        also the pid). ``last_merge_written`` and ``last_merge_skipped`` tell what happened.
+
+        Used by imports: a file imported twice adds nothing the second time.
+        """
+        cols = columns(record)
+        con = self._session()
+        con.execute("DROP TABLE IF EXISTS temp.import_stage")
+        con.execute(create_table_sql(record, name="import_stage", temp=True))
+
+        def stage(rows: list[tuple[Any, ...]]) -> None:
+            insert_rows(con, "import_stage", cols, rows)
+
+        try:
+            yield stage
+            key = ["node", "uuid", "ts", "source"] + (["pid"] if "pid" in cols else [])
+            match = " AND ".join(f"t.{k} = s.{k}" for k in key)
+            with self._write_lock, self._writer() as db:
+                db.execute("BEGIN TRANSACTION")
+                self._in_transaction = True
+                staged = db.execute(
+                    f"SELECT count(*) FROM "
+                    f"(SELECT DISTINCT {', '.join(key)} FROM temp.import_stage)"
+                ).fetchone()
+                written = db.execute(
+                    f"INSERT INTO {record.TABLE} SELECT DISTINCT ON ({', '.join(key)}) * FROM "
+                    f"temp.import_stage s WHERE NOT EXISTS (SELECT 1 FROM {record.TABLE} t "
+                    f"WHERE {match})"
+                ).fetchone()
+                db.execute("COMMIT")
+                self._in_transaction = False
+            self.last_merge_written = int(written[0]) if written else 0
+            self.last_merge_skipped = (int(staged[0]) if staged else 0) - self.last_merge_written
+        finally:
+            con.execute("DROP TABLE IF EXISTS temp.import_stage")
 
     # -- maintenance ---------------------------------------------------------------------------
 

@@ -31,6 +31,8 @@ agent_app = typer.Typer(help="Run the per-node agent.", no_args_is_help=True)
 store_app = typer.Typer(help="Inspect a store.", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
 app.add_typer(store_app, name="store")
+import_app = typer.Typer(help="Import existing telemetry into a store.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
 
 
 class UserError(Exception):
@@ -266,6 +268,58 @@ def simulate_command(
     typer.echo(
         f"simulated {result.simulated_seconds / 86400:g} days of {spec.name} "
         f"({result.nodes} nodes, {result.gpus} GPUs): {result.rows_written} rows in {path}"
+    )
+
+
+@import_app.command("nvidia-smi")
+def import_nvidia_smi(
+    files: Annotated[list[Path], typer.Argument(help="nvidia-smi CSV logs.")],
+    store: Annotated[Path | None, typer.Option(help="Store file or directory to write.")] = None,
+    node: Annotated[
+        str | None, typer.Option(help="Node name for the samples (default: each file's name).")
+    ] = None,
+    fields: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated query fields of a log written with csv,noheader."),
+    ] = None,
+    utc_offset: Annotated[
+        float, typer.Option(help="Hours the capturing machine's clock was ahead of UTC.")
+    ] = 0.0,
+) -> None:
+    """Load nvidia-smi --query-gpu (or --query-compute-apps) CSV logs into a store.
+
+    Any field subset and order, units or none, no index column, -lms timestamps, [N/A] values,
+    CRLF, torn lines (skipped and counted). Importing a file twice adds nothing.
+
+    \b
+    Capture with:
+      nvidia-smi --query-gpu=timestamp,index,uuid,name,utilization.gpu,utilization.memory,\\
+        memory.used,memory.total,power.draw,power.limit,temperature.gpu,clocks.sm \\
+        --format=csv -l 1 > gpus.csv
+    \b
+    Examples:
+      aiscope import nvidia-smi gpus.csv --store node1.duckdb --node node1
+      aiscope import nvidia-smi log.csv --fields timestamp,uuid,utilization.gpu,memory.used
+    """
+    from agent.config import default_store, resolve_store  # noqa: PLC0415
+    from agent.importer import ImportError_, import_files  # noqa: PLC0415
+    from agent.store import Store, StoreError  # noqa: PLC0415
+
+    path = resolve_store(store) if store else default_store()
+    field_list = [f for f in fields.split(",") if f.strip()] if fields else None
+    writer = Store(path)
+    try:
+        result = import_files(list(files), writer, node, field_list, utc_offset)
+    except ImportError_ as exc:
+        raise UserError(str(exc)) from exc
+    except StoreError as exc:
+        raise Failure(str(exc)) from exc
+    finally:
+        writer.close()
+    typer.echo(
+        f"imported {result.samples_written} GPU samples and {result.processes_written} process "
+        f"samples for {len(result.gpus)} GPUs from {result.files} file(s) into {path}; "
+        f"{result.duplicates} already stored, {result.malformed} malformed lines skipped"
     )
 
 
