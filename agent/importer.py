@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.schema import Device, GpuSample, Process, ProcessSample, as_row
+from agent.schema import Device, GpuSample, Process, ProcessSample, as_row, columns
 from agent.store import Store
 
 SOURCE = "nvidia-smi"
@@ -105,6 +105,10 @@ def field_name(header: str) -> str:
 
 def value(text: str) -> float | None:
     """A numeric value with or without its unit; ``None`` for "not reported"."""
+    try:
+        return float(text)  # the common case: --format=csv,nounits
+    except ValueError:
+        pass
     raw = text.strip()
     if raw.lower() in NOT_REPORTED:
         return None
@@ -115,20 +119,33 @@ def value(text: str) -> float | None:
         raise ValueError(f"not a number: {raw!r}") from None
 
 
+_SECONDS: dict[str, float] = {}
+
+
 def timestamp(text: str, offset_hours: float) -> float:
+    """``2025/07/27 00:26:46.428`` (or with dashes) -> epoch seconds; whole seconds are cached,
+    since a 100 ms capture of 8 GPUs repeats each one 80 times."""
     raw = text.strip()
-    for pattern in (
-        "%Y/%m/%d %H:%M:%S.%f",
-        "%Y/%m/%d %H:%M:%S",
-        "%Y-%m-%d %H:%M:%S.%f",
-        "%Y-%m-%d %H:%M:%S",
-    ):
-        try:
-            parsed = dt.datetime.strptime(raw, pattern).replace(tzinfo=dt.UTC)
-        except ValueError:
-            continue
-        return parsed.timestamp() - offset_hours * 3600
-    raise ValueError(f"not a timestamp: {raw!r}")
+    whole, _, fraction = raw.partition(".")
+    base = _SECONDS.get(whole)
+    if base is None:
+        parsed = None
+        for pattern in ("%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S"):
+            try:
+                parsed = dt.datetime.strptime(whole, pattern).replace(tzinfo=dt.UTC)
+                break
+            except ValueError:
+                continue
+        if parsed is None:
+            raise ValueError(f"not a timestamp: {raw!r}")
+        if len(_SECONDS) > 100_000:
+            _SECONDS.clear()
+        base = _SECONDS[whole] = parsed.timestamp()
+    if fraction:
+        if not fraction.isdigit():
+            raise ValueError(f"not a timestamp: {raw!r}")
+        base += int(fraction) / 10 ** len(fraction)
+    return base - offset_hours * 3600
 
 
 def _lines(path: Path) -> Iterator[str]:
@@ -191,119 +208,45 @@ def sweep_gap_seconds(stamps: list[float]) -> float:
     return split if best >= 3.0 else 0.0
 
 
-@dataclass(slots=True)
-class _GpuKeys:
-    """Identity of GPUs in a log without uuids: by bus id, else position within a sweep."""
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Where each wanted value sits in a row, worked out once from the header."""
 
-    node: str
-    sweep_gap: float = 0.0
-    last_ts: float | None = None
-    position: int = 0
+    width: int
+    ts: int
+    index: int | None
+    uuid: int | None
+    bus: int | None
+    samples: tuple[tuple[int, str, float, bool], ...]  # column, field, scale, integer
+    reasons: int | None
+    name: int | None
+    total: int | None
+    limit: int | None
 
-    def key(self, row: dict[str, str], ts: float) -> tuple[str, int]:
-        if self.last_ts is None or ts - self.last_ts > self.sweep_gap or ts < self.last_ts:
-            self.position = 0
-        else:
-            self.position += 1
-        self.last_ts = ts
-        index = row.get("index")
-        gpu_index = int(index) if index and index.strip().isdigit() else self.position
-        uuid = (row.get("uuid") or "").strip()
-        if uuid and uuid.lower() not in NOT_REPORTED:
-            return uuid, gpu_index
-        bus = (row.get("pci.bus_id") or "").strip()
-        if bus and bus.lower() not in NOT_REPORTED:
-            return f"{self.node}:pci:{bus}", gpu_index
-        return f"{self.node}:gpu:{gpu_index}", gpu_index
+    @classmethod
+    def of(cls, names: list[str]) -> _Plan:
+        def col(*options: str) -> int | None:
+            return next((names.index(o) for o in options if o in names), None)
 
-
-def parse_gpu_rows(
-    names: list[str],
-    lines: Iterator[str],
-    node: str,
-    offset_hours: float,
-    result: ImportResult,
-    sweep_gap: float = 0.0,
-) -> Iterator[tuple[GpuSample, Device | None]]:
-    keys = _GpuKeys(node, sweep_gap)
-    for fields in csv.reader(lines, skipinitialspace=True):
-        if not fields or (len(fields) == 1 and not fields[0].strip()):
-            continue
-        result.rows += 1
-        if len(fields) != len(names):
-            result.malformed += 1
-            continue
-        row = dict(zip(names, fields, strict=True))
-        try:
-            ts = timestamp(row["timestamp"], offset_hours)
-            sample, device = _gpu_row(row, ts, node, keys)
-        except ValueError:
-            result.malformed += 1
-            continue
-        result.gpus.add(sample.uuid)
-        yield sample, device
-
-
-def _gpu_row(
-    row: dict[str, str], ts: float, node: str, keys: _GpuKeys
-) -> tuple[GpuSample, Device | None]:
-    uuid, gpu_index = keys.key(row, ts)
-    values: dict[str, Any] = {}
-    for name, (target, scale) in SAMPLE_FIELDS.items():
-        if name in row and target not in values:
-            v = value(row[name])
-            values[target] = None if v is None else v * scale
-    for target in ("memory_used_bytes", "memory_free_bytes", "memory_reserved_bytes"):
-        if values.get(target) is not None:
-            values[target] = int(values[target])
-    for name in REASON_FIELDS:
-        if name in row:
-            v = value(row[name])
-            values["clock_event_reasons"] = None if v is None else int(v)
-    sample = GpuSample(
-        ts=ts, node=node, uuid=uuid, gpu_index=gpu_index, up=True, source=SOURCE, **values
-    )
-    device = None
-    if any(k in row for k in ("name", "memory.total", "power.limit", "enforced.power.limit")):
-        total = value(row["memory.total"]) if "memory.total" in row else None
-        limit_text = row.get("enforced.power.limit") or row.get("power.limit")
-        limit = value(limit_text) if limit_text is not None else None
-        model = row.get("name", "").strip() or None
-        device = Device(
-            node=node,
-            uuid=uuid,
-            gpu_index=gpu_index,
-            name=model,
-            pci_bus_id=(row.get("pci.bus_id") or "").strip() or None,
-            memory_total_bytes=None if total is None else int(total * _MIB),
-            power_limit_watts=limit,
-            mig_mode=None,
-            driver_version=None,
-            nvlink_count=None,
-            last_seen_ts=ts,
-            source=SOURCE,
+        samples, taken = [], set()
+        for name, (target, scale) in SAMPLE_FIELDS.items():
+            if name in names and target not in taken:
+                taken.add(target)
+                samples.append((names.index(name), target, scale, target.endswith("_bytes")))
+        ts = col("timestamp")
+        assert ts is not None
+        return cls(
+            len(names),
+            ts,
+            col("index"),
+            col("uuid"),
+            col("pci.bus_id"),
+            tuple(samples),
+            col(*REASON_FIELDS),
+            col("name"),
+            col("memory.total"),
+            col("enforced.power.limit", "power.limit"),
         )
-    return sample, device
-
-
-def _sweep_gap(path: Path, names: list[str], fields: list[str] | None) -> float:
-    """Pre-scan up to 4000 rows of a log that has no GPU identity column."""
-    if {"uuid", "pci.bus_id", "index"} & set(names):
-        return 0.0
-    lines = _lines(path)
-    if not fields:
-        next(lines, None)
-    stamps = []
-    column = names.index("timestamp")
-    for i, row in enumerate(csv.reader(lines, skipinitialspace=True)):
-        if i >= 4000:
-            break
-        if len(row) == len(names):
-            try:
-                stamps.append(timestamp(row[column], 0.0))
-            except ValueError:
-                continue
-    return sweep_gap_seconds(stamps)
 
 
 def import_files(
@@ -321,36 +264,203 @@ def import_files(
         if apps:
             _import_apps(names, lines, name, utc_offset_hours, store, result)
         else:
-            gap = _sweep_gap(path, names, fields)
-            _import_gpus(names, lines, name, utc_offset_hours, store, result, gap)
+            _import_gpus(path, names, fields, name, utc_offset_hours, store, result)
     return result
 
 
+_NUMBER = r"^-?[0-9]+(\.[0-9]+)?"
+_TIME_FORMATS = [
+    "%Y/%m/%d %H:%M:%S.%f",
+    "%Y/%m/%d %H:%M:%S",
+    "%Y-%m-%d %H:%M:%S.%f",
+    "%Y-%m-%d %H:%M:%S",
+]
+
+
+def _num(column: str) -> str:
+    return f"TRY_CAST(NULLIF(regexp_extract(trim({column}), '{_NUMBER}'), '') AS DOUBLE)"
+
+
+def _reported(column: str) -> str:
+    return f"(trim({column}) <> '' AND lower(trim({column})) NOT IN ({_not_reported_sql()}))"
+
+
+def _not_reported_sql() -> str:
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in sorted(NOT_REPORTED) if v)
+
+
+def _identity(plan: _Plan) -> str:
+    """SQL for a row's GPU: its uuid, else its bus id, else its index or position in a sweep."""
+
+    def c(i: int | None) -> str:
+        return "NULL" if i is None else f"c{i}"
+
+    index = f"coalesce(TRY_CAST(trim({c(plan.index)}) AS BIGINT), position)"
+    uuid = (
+        f"CASE WHEN {c(plan.uuid)} IS NOT NULL AND {_reported(c(plan.uuid))} "
+        f"THEN trim({c(plan.uuid)}) "
+        f"WHEN {c(plan.bus)} IS NOT NULL AND {_reported(c(plan.bus))} "
+        f"THEN $node || ':pci:' || trim({c(plan.bus)}) "
+        f"ELSE $node || ':gpu:' || CAST({index} AS VARCHAR) END"
+    )
+    return f"{uuid} AS gpu_key, {index} AS gpu_idx"
+
+
+def _gpu_select(plan: _Plan) -> str:
+    """SQL turning the raw text columns into ``GpuSample`` columns (units stripped, "not
+    reported" as NULL, GPUs identified by uuid, bus id, index or position in the sweep)."""
+
+    def c(i: int | None) -> str:
+        return "NULL" if i is None else f"c{i}"
+
+    values = {
+        target: (
+            f"CAST({_num(c(col))} * {scale} AS BIGINT)" if integer else f"{_num(c(col))} * {scale}"
+        )
+        for col, target, scale, integer in plan.samples
+    }
+    if plan.reasons is not None:
+        values["clock_event_reasons"] = f"TRY_CAST(trim({c(plan.reasons)}) AS BIGINT)"
+    index = f"coalesce(TRY_CAST(trim({c(plan.index)}) AS BIGINT), position)"
+    uuid = (
+        f"CASE WHEN {c(plan.uuid)} IS NOT NULL AND {_reported(c(plan.uuid))} "
+        f"THEN trim({c(plan.uuid)}) "
+        f"WHEN {c(plan.bus)} IS NOT NULL AND {_reported(c(plan.bus))} "
+        f"THEN $node || ':pci:' || trim({c(plan.bus)}) "
+        f"ELSE $node || ':gpu:' || CAST({index} AS VARCHAR) END"
+    )
+    selected = []
+    for name in columns(GpuSample):
+        expr = {
+            "ts": "ts",
+            "node": "$node",
+            "uuid": uuid,
+            "gpu_index": index,
+            "up": "true",
+            "source": f"'{SOURCE}'",
+        }.get(name) or values.get(name, "NULL")
+        selected.append(f"{expr} AS {name}")
+    return ", ".join(selected)
+
+
 def _import_gpus(
+    path: Path,
     names: list[str],
-    lines: Iterator[str],
+    fields: list[str] | None,
     node: str,
     offset: float,
     store: Store,
     result: ImportResult,
-    sweep_gap: float = 0.0,
 ) -> None:
-    devices: dict[str, Device] = {}
-    batch: list[tuple[Any, ...]] = []
+    """Read the log with DuckDB's streaming CSV reader, convert in SQL, merge into the store.
+
+    The views below are evaluated while rows are inserted into the staging table, so the file is
+    never held in memory whole, only its converted samples.
+    """
+    plan = _Plan.of(names)
+    spec = {f"c{i}": "VARCHAR" for i in range(len(names))}
+    lines = _count_lines(path) - (0 if fields else 1)
     with store.staging(GpuSample) as stage:
-        for sample, device in parse_gpu_rows(names, lines, node, offset, result, sweep_gap):
-            batch.append(as_row(sample))
-            if device is not None:
-                devices[device.uuid] = device
-            if len(batch) >= _CHUNK:
-                stage(batch)
-                batch = []
-        stage(batch)
+        stage.sql(
+            "CREATE OR REPLACE TEMP VIEW imp_raw AS SELECT row_number() OVER () AS line, * "
+            f"FROM read_csv({_literal(str(path))}, header = false, skip = {0 if fields else 1}, "
+            f"columns = {_struct(spec)}, delim = ',', quote = '\"', auto_detect = false, "
+            "ignore_errors = true, null_padding = false, strict_mode = false)"
+        )
+        stage.sql(
+            "CREATE OR REPLACE TEMP VIEW imp_ts AS SELECT *, "
+            f"epoch_ms(try_strptime(trim(c{plan.ts}), {_list(_TIME_FORMATS)})) / 1000.0 "
+            f"- {float(offset * 3600)!r} AS ts FROM imp_raw"
+        )
+        identified = {plan.index, plan.uuid, plan.bus} != {None}
+        stamps = [
+            r[0]
+            for r in stage.sql(
+                "SELECT ts FROM imp_ts WHERE ts IS NOT NULL ORDER BY line LIMIT 4000"
+            )
+        ]
+        gap = 0.0 if identified else sweep_gap_seconds(stamps)
+        stage.sql(
+            "CREATE OR REPLACE TEMP VIEW imp_gpus AS "
+            "WITH p AS (SELECT *, lag(ts) OVER (ORDER BY line) AS prev FROM imp_ts "
+            "WHERE ts IS NOT NULL), "
+            "s AS (SELECT *, sum(CASE WHEN prev IS NULL OR ts < prev OR ts - prev > "
+            f"{float(gap)!r} THEN 1 ELSE 0 END) OVER (ORDER BY line) AS sweep FROM p), "
+            "r AS (SELECT *, row_number() OVER (PARTITION BY sweep ORDER BY line) - 1 "
+            "AS position FROM s) "
+            f"SELECT *, {_identity(plan).replace('$node', _literal(node))} FROM r"
+        )
+        stage.sql(
+            f"INSERT INTO temp.import_stage SELECT {_gpu_select(plan)} FROM imp_gpus",
+            {"node": node},
+        )
+        parsed, gpus = stage.sql("SELECT count(*), list(DISTINCT uuid) FROM temp.import_stage")[0]
+        devices = _devices(stage, plan, node)
+        for view in ("imp_gpus", "imp_ts", "imp_raw"):
+            stage.sql(f"DROP VIEW IF EXISTS {view}")
+    result.rows += lines
+    result.malformed += max(lines - int(parsed), 0)
+    result.gpus.update(gpus or [])
     result.samples_written += store.last_merge_written
     result.duplicates += store.last_merge_skipped
     if devices:
-        store.add(devices.values())
+        store.add(devices)
         store.flush()
+
+
+def _devices(stage: Any, plan: _Plan, node: str) -> list[Device]:
+    if plan.name is None and plan.total is None and plan.limit is None:
+        return []
+
+    def c(i: int | None) -> str:
+        return "NULL" if i is None else f"c{i}"
+
+    rows = stage.sql(
+        f"SELECT gpu_key, any_value(gpu_idx), any_value(trim({c(plan.name)})), "
+        f"max({_num(c(plan.total))}), max({_num(c(plan.limit))}), "
+        f"any_value(trim({c(plan.bus)})), max(ts) FROM imp_gpus GROUP BY gpu_key"
+    )
+    return [
+        Device(
+            node=node,
+            uuid=uuid,
+            gpu_index=int(index),
+            name=name or None,
+            pci_bus_id=bus or None,
+            memory_total_bytes=None if total is None else int(total * _MIB),
+            power_limit_watts=limit,
+            mig_mode=None,
+            driver_version=None,
+            nvlink_count=None,
+            last_seen_ts=float(ts),
+            source=SOURCE,
+        )
+        for uuid, index, name, total, limit, bus, ts in rows
+    ]
+
+
+def _literal(text: str) -> str:
+    """A SQL string literal. Views cannot take parameters, so the file path and node name are
+    quoted here (single quotes doubled), and nothing else user-supplied reaches SQL text."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _list(items: list[str]) -> str:
+    return "[" + ", ".join(_literal(i) for i in items) + "]"
+
+
+def _struct(spec: dict[str, str]) -> str:
+    return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in spec.items()) + "}"
+
+
+def _count_lines(path: Path) -> int:
+    """Non-empty lines, counted in binary chunks (fast on big logs)."""
+    count = 0
+    with path.open("rb") as f:
+        for line in f:
+            if line.strip():
+                count += 1
+    return count
 
 
 def _import_apps(
@@ -411,7 +521,7 @@ def _import_apps(
             last_seen_ts=ts,
         )
     with store.staging(ProcessSample) as stage:
-        stage([as_row(s) for s in samples])
+        stage.add([as_row(s) for s in samples])
     result.processes_written += store.last_merge_written
     result.duplicates += store.last_merge_skipped
     store.add(procs.values())

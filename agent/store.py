@@ -185,6 +185,21 @@ def upsert_rows(
 
 
 @dataclass(frozen=True, slots=True)
+class Stage:
+    """Rows waiting in memory (``temp.import_stage``) to be merged into the store."""
+
+    connection: duckdb.DuckDBPyConnection
+    cols: tuple[str, ...]
+
+    def add(self, rows: list[tuple[Any, ...]]) -> None:
+        insert_rows(self.connection, "import_stage", self.cols, rows)
+
+    def sql(self, query: str, params: list[Any] | dict[str, Any] | None = None) -> list[Any]:
+        """Run a statement on the staging connection (files are read here, not in the store)."""
+        return self.connection.execute(query, params).fetchall()
+
+
+@dataclass(frozen=True, slots=True)
 class StoreStats:
     """The writer's health, for the exporter."""
 
@@ -434,36 +449,29 @@ class Store:
             self._in_transaction = False
 
     @contextmanager
-    def staging(self, record: type[Any]) -> Iterator[Callable[[list[tuple[Any, ...]]], None]]:
+    def staging(self, record: type[Any]) -> Iterator[Stage]:
         """Stage rows of ``record`` in memory, then merge them into the store in one transaction,
         skipping rows already stored (same node, GPU, timestamp and source; for process samples
         also the pid). ``last_merge_written`` and ``last_merge_skipped`` tell what happened.
 
         Used by imports: a file imported twice adds nothing the second time.
         """
-        cols = columns(record)
         con = self._session()
         con.execute("DROP TABLE IF EXISTS temp.import_stage")
         con.execute(create_table_sql(record, name="import_stage", temp=True))
-
-        def stage(rows: list[tuple[Any, ...]]) -> None:
-            insert_rows(con, "import_stage", cols, rows)
-
         try:
-            yield stage
+            yield Stage(con, columns(record))
+            cols = columns(record)
             key = ["node", "uuid", "ts", "source"] + (["pid"] if "pid" in cols else [])
-            match = " AND ".join(f"t.{k} = s.{k}" for k in key)
+            on = " AND ".join(f"t.{k} = s.{k}" for k in key)
             with self._write_lock, self._writer() as db:
                 db.execute("BEGIN TRANSACTION")
                 self._in_transaction = True
-                staged = db.execute(
-                    f"SELECT count(*) FROM "
-                    f"(SELECT DISTINCT {', '.join(key)} FROM temp.import_stage)"
-                ).fetchone()
+                staged = db.execute("SELECT count(*) FROM temp.import_stage").fetchone()
                 written = db.execute(
-                    f"INSERT INTO {record.TABLE} SELECT DISTINCT ON ({', '.join(key)}) * FROM "
-                    f"temp.import_stage s WHERE NOT EXISTS (SELECT 1 FROM {record.TABLE} t "
-                    f"WHERE {match})"
+                    f"INSERT INTO {record.TABLE} SELECT s.* FROM (SELECT * FROM temp.import_stage "
+                    f"QUALIFY row_number() OVER (PARTITION BY {', '.join(key)}) = 1) s "
+                    f"ANTI JOIN {record.TABLE} t ON {on}"
                 ).fetchone()
                 db.execute("COMMIT")
                 self._in_transaction = False
