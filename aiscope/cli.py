@@ -93,7 +93,13 @@ def agent_run(
     flush_interval: Annotated[
         float | None, typer.Option(help="Seconds between store flushes (10).")
     ] = None,
-    node: Annotated[str | None, typer.Option(help="Node name. Default: the hostname.")] = None,
+    node: Annotated[
+        str | None,
+        typer.Option(
+            help="Node name (default: the hostname). With --simulate: the scenario node "
+            "to play (default: its first)."
+        ),
+    ] = None,
     duration: Annotated[
         float | None,
         typer.Option(help="Stop after this many seconds (default: run until SIGTERM/SIGINT)."),
@@ -124,10 +130,6 @@ def agent_run(
             "name or a .toml path)."
         ),
     ] = None,
-    sim_node: Annotated[
-        str | None,
-        typer.Option("--sim-node", help="The scenario node to play (default: the first)."),
-    ] = None,
 ) -> None:
     """Run the agent in the foreground: sample GPUs and host into the store, serve /metrics.
 
@@ -138,8 +140,7 @@ def agent_run(
     Examples:
       aiscope agent run --store /var/lib/aiscope --listen 0.0.0.0:9835
       aiscope agent run --virtual-gpus 8 --store /tmp/demo.duckdb --duration 60
-      aiscope agent run --simulate demo --sim-node gpu-node-03 --duration 120
-      aiscope agent run --simulate demo --sim-node gpu-node-03 --duration 120
+      aiscope agent run --simulate demo --node gpu-node-03 --duration 120
       AISCOPE_INTERVAL=0.5 aiscope agent run --config /etc/aiscope/agent.toml
     """
     from agent.config import ConfigError, load_config  # noqa: PLC0415
@@ -167,7 +168,7 @@ def agent_run(
             virtual_gpus=virtual_gpus,
             virtual_model=virtual_model,
             simulate=simulate,
-            sim_node=sim_node,
+            sim_node=node,
         )
         service.run(built)
     except ScenarioError as exc:

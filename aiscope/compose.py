@@ -5,6 +5,7 @@ This is the only place that knows both halves; ``agent`` never imports ``analyze
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ def build_agent(
         from agent.sim.engine import LiveNode  # noqa: PLC0415
 
         live = LiveNode.start(simulate, sim_node)
+        config = dataclasses.replace(config, node=live.sim.spec.name)
         library = live.library
         host = live.host_reader(config.node)
         procs = live.proc_reader()

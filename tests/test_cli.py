@@ -259,7 +259,7 @@ def test_agent_plays_one_scenario_node_live(tmp_path: Path) -> None:
             "run",
             "--simulate",
             "training-multinode",
-            "--sim-node",
+            "--node",
             "gpu-node-03",
             "--store",
             str(store),

@@ -530,7 +530,7 @@ class LiveNode:
         chosen = node or names[0]
         if chosen not in names:
             raise ScenarioError(
-                f"--sim-node: {chosen!r} is not in {scenario.name} ({', '.join(names)})"
+                f"--node: {chosen!r} is not in {scenario.name} ({', '.join(names)})"
             )
         spec = next(n for n in scenario.nodes if n.name == chosen)
         wall_start = time.time() - at_hours * 3600
