@@ -277,6 +277,11 @@ _TIME_FORMATS = [
 ]
 
 
+def _col(index: int | None) -> str:
+    """The raw text column at ``index`` of a log (``NULL`` when the log lacks the field)."""
+    return "NULL" if index is None else f"c{index}"
+
+
 def _num(column: str) -> str:
     return f"TRY_CAST(NULLIF(regexp_extract(trim({column}), '{_NUMBER}'), '') AS DOUBLE)"
 
@@ -292,9 +297,7 @@ def _not_reported_sql() -> str:
 def _identity(plan: _Plan) -> str:
     """SQL for a row's GPU: its uuid, else its bus id, else its index or position in a sweep."""
 
-    def c(i: int | None) -> str:
-        return "NULL" if i is None else f"c{i}"
-
+    c = _col
     index = f"coalesce(TRY_CAST(trim({c(plan.index)}) AS BIGINT), position)"
     uuid = (
         f"CASE WHEN {c(plan.uuid)} IS NOT NULL AND {_reported(c(plan.uuid))} "
@@ -310,9 +313,7 @@ def _gpu_select(plan: _Plan) -> str:
     """SQL turning the raw text columns into ``GpuSample`` columns (units stripped, "not
     reported" as NULL, GPUs identified by uuid, bus id, index or position in the sweep)."""
 
-    def c(i: int | None) -> str:
-        return "NULL" if i is None else f"c{i}"
-
+    c = _col
     values = {
         target: (
             f"CAST({_num(c(col))} * {scale} AS BIGINT)" if integer else f"{_num(c(col))} * {scale}"
@@ -321,21 +322,13 @@ def _gpu_select(plan: _Plan) -> str:
     }
     if plan.reasons is not None:
         values["clock_event_reasons"] = f"TRY_CAST(trim({c(plan.reasons)}) AS BIGINT)"
-    index = f"coalesce(TRY_CAST(trim({c(plan.index)}) AS BIGINT), position)"
-    uuid = (
-        f"CASE WHEN {c(plan.uuid)} IS NOT NULL AND {_reported(c(plan.uuid))} "
-        f"THEN trim({c(plan.uuid)}) "
-        f"WHEN {c(plan.bus)} IS NOT NULL AND {_reported(c(plan.bus))} "
-        f"THEN $node || ':pci:' || trim({c(plan.bus)}) "
-        f"ELSE $node || ':gpu:' || CAST({index} AS VARCHAR) END"
-    )
     selected = []
     for name in columns(GpuSample):
         expr = {
             "ts": "ts",
             "node": "$node",
-            "uuid": uuid,
-            "gpu_index": index,
+            "uuid": "gpu_key",
+            "gpu_index": "gpu_idx",
             "up": "true",
             "source": f"'{SOURCE}'",
         }.get(name) or values.get(name, "NULL")
@@ -412,9 +405,7 @@ def _devices(stage: Any, plan: _Plan, node: str) -> list[Device]:
     if plan.name is None and plan.total is None and plan.limit is None:
         return []
 
-    def c(i: int | None) -> str:
-        return "NULL" if i is None else f"c{i}"
-
+    c = _col
     rows = stage.sql(
         f"SELECT gpu_key, any_value(gpu_idx), any_value(trim({c(plan.name)})), "
         f"max({_num(c(plan.total))}), max({_num(c(plan.limit))}), "
