@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -44,13 +44,13 @@ class Agent:
     sampler: Sampler
     store: Store
     serve: Callable[[], MetricsServer]
+    #: CPU seconds each job's own thread has spent, by job name (bench/agent_overhead.py).
+    job_cpu_seconds: dict[str, float] = field(default_factory=dict)
 
 
-#: CPU seconds each job's own thread has spent, by job name (exported by the collector).
-JOB_CPU_SECONDS: dict[str, float] = {}
-
-
-def _guard(name: str, fn: Callable[[], object]) -> Callable[[], None]:
+def _guard(
+    name: str, fn: Callable[[], object], cpu_seconds: dict[str, float]
+) -> Callable[[], None]:
     """Store failures are expected faults (already logged once by the store); keep the job.
     Also accounts the job's CPU time."""
 
@@ -61,7 +61,7 @@ def _guard(name: str, fn: Callable[[], object]) -> Callable[[], None]:
         except StoreError as exc:
             log.debug("%s: %s", name, exc)
         finally:
-            JOB_CPU_SECONDS[name] = JOB_CPU_SECONDS.get(name, 0.0) + time.thread_time() - started
+            cpu_seconds[name] = cpu_seconds.get(name, 0.0) + time.thread_time() - started
 
     run.__name__ = name
     return run
@@ -84,7 +84,9 @@ def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> Background
         ("prune", lambda: agent.store.prune(now()), c.prune_interval),
     ]
     for name, fn, seconds in jobs:
-        scheduler.add_job(_guard(name, fn), "interval", seconds=seconds, id=name, name=name)
+        scheduler.add_job(
+            _guard(name, fn, agent.job_cpu_seconds), "interval", seconds=seconds, id=name, name=name
+        )
     scheduler.start()
     return scheduler
 

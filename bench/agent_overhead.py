@@ -91,7 +91,7 @@ def run_agent(args: argparse.Namespace, tmp: str) -> tuple[list, list, dict[str,
     memory: dict[str, float] = {}
 
     def job_cpu() -> dict[str, float]:
-        out = {f"job {k}": v for k, v in service.JOB_CPU_SECONDS.items()}
+        out = {f"job {k}": v for k, v in agent.job_cpu_seconds.items()}
         for name, spent in agent.sampler.worker_cpu_seconds().items():
             out[f"GPU reads ({name})"] = spent
         return out
