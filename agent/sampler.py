@@ -228,11 +228,25 @@ class Sampler:
         for state, result in zip(live, results, strict=True):
             if isinstance(result, GpuSample):
                 read[state.gpu.uuid] = result
-            elif isinstance(result, (GpuLost, DeadlineExceeded, DriverUnavailable)):
+            elif isinstance(result, DriverUnavailable):
+                self._driver_lost(now, result)
+                break
+            elif isinstance(result, (GpuLost, DeadlineExceeded)):
                 self._mark_down(state, now, result)
             elif isinstance(result, BaseException):
                 raise result
         return [read.get(s.gpu.uuid) or self._down_sample(s.gpu, now) for s in self._gpus]
+
+    def _driver_lost(self, now: float, exc: Exception) -> None:
+        """The driver went away under a running agent: every GPU is down until NVML can be
+        initialized again (retried with backoff, like at start-up)."""
+        log.error("NVIDIA driver lost, running host-only: %s", exc)
+        self._event(now, "driver_unavailable", None, str(exc))
+        self._driver_up = False
+        self._driver_failures = 1
+        self._driver_retry_at = now + self._backoff.delay(1)
+        for state in self._gpus:
+            state.up, state.reason = False, "driver"
 
     def _down_sample(self, gpu: Gpu, now: float) -> GpuSample:
         return GpuSample(ts=now, node=self.node, uuid=gpu.uuid, gpu_index=gpu.index, up=False)
@@ -330,7 +344,8 @@ class Sampler:
     # -- events --------------------------------------------------------------------------------
 
     def _start_event_watcher(self) -> None:
-        if self._events_thread is not None or not self._gpus:
+        alive = self._events_thread is not None and self._events_thread.is_alive()
+        if alive or not self._gpus:
             return
         try:
             event_set = self._nvml.watch_events([s.gpu for s in self._gpus])

@@ -148,3 +148,24 @@ def test_xid_events_are_recorded_without_blocking_sampling(tmp_path, clock) -> N
     assert sampler.snapshot().xid_events == ((gpus[0].uuid, 1),)
     sampler.stop()
     assert _rows(store, "SELECT kind, code FROM agent_events") == [("xid", 79)]
+
+
+def test_the_driver_going_away_mid_run_and_coming_back(tmp_path, clock) -> None:
+    gpus = [make_gpu(0), make_gpu(1)]
+    lib = library(gpus, clock)
+    sampler, store = _sampler(tmp_path, clock, lib)
+    sampler.start()
+    sampler.tick()
+    lib.driver_loaded = False
+    clock.advance(1)
+    sampler.tick()
+    snap = sampler.snapshot()
+    assert snap.driver_up is False and [s.up for s in snap.gpus] == [False, False]
+    lib.driver_loaded = True
+    clock.advance(6)
+    sampler.tick()
+    snap = sampler.snapshot()
+    assert snap.driver_up is True and [s.up for s in snap.gpus] == [True, True]
+    kinds = [k for (k,) in _rows(store, "SELECT kind FROM agent_events ORDER BY ts")]
+    assert kinds == ["driver_unavailable", "driver_available"]
+    sampler.stop()
