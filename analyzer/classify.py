@@ -193,6 +193,7 @@ def _features(span: _Span, bucket_seconds: int) -> dict[str, float]:
     if power and limit:
         ratios = [p / limit for p in power]
         f["power_median"] = statistics.median(ratios)
+        f["power_of_limit"] = 1.0 if span.gpu.power_limit_watts else 0.0
         # Busy at low power: buckets where kernels "run" but the GPU draws little (collectives).
         pairs = [
             (x.util, x.power_watts / limit)
@@ -211,13 +212,8 @@ def _features(span: _Span, bucket_seconds: int) -> dict[str, float]:
         f["nvlink_gbps"] = statistics.fmean(nvlink) / 1e9
     if util and f["hours"] >= 30:
         f["diurnal"] = _diurnal(b)
-    f["night"] = sum(1 for x in b if _night(x.start)) / len(b)
+    f["night"] = sum(1 for x in b if _hour(x.start) >= 20.0 or _hour(x.start) < 8.0) / len(b)
     return f
-
-
-def _night(ts: float) -> bool:
-    hour = (ts % 86400) / 3600.0
-    return hour >= 20.0 or hour < 8.0
 
 
 def _diurnal(buckets: list[Bucket]) -> float:
@@ -249,7 +245,7 @@ def _pearson(xs: list[float], ys: list[float]) -> float:
 def _cross_gpu(spans: list[_Span]) -> None:
     """GPUs whose held spans start together and share a footprint move as one job; count them
     and measure how closely they move (power, else utilization)."""
-    held = [s for s in spans if s.occupied and s.features["hours"] >= 1.0]
+    held = [s for s in spans if s.occupied and len(s.buckets) >= 24]
     for s in held:
         series = _series(s)
         peers = []
@@ -276,23 +272,36 @@ def _aligned_r(a: dict[float, float], b: dict[float, float]) -> float:
 
 
 def _recurrence(spans: dict[str, list[_Span]]) -> None:
-    """Held spans that start at about the same hour on several days (batch windows)."""
+    """Held spans that recur at about the same hour on other days (batch windows). A span cut
+    by the window's edge is compared by its intact end, without its length."""
     for group in spans.values():
+        if not group:
+            continue
+        first, last = group[0].start, group[-1].end
         held = [s for s in group if s.occupied]
         for s in held:
-            hour = (s.start % 86400) / 3600.0
-            same = [
-                o
-                for o in held
-                if o is not s
-                and min(
-                    abs((o.start % 86400) / 3600.0 - hour),
-                    24 - abs((o.start % 86400) / 3600.0 - hour),
-                )
-                <= 1.0
-                and abs(o.features["hours"] - s.features["hours"]) <= 0.35 * s.features["hours"]
-            ]
-            s.features["recurring"] = float(len(same))
+            s.features["recurring"] = float(
+                sum(1 for o in held if o is not s and _same_window(s, o, first, last))
+            )
+
+
+def _hour(ts: float) -> float:
+    return (ts % 86400) / 3600.0
+
+
+def _close(a: float, b: float, hours: float = 1.0) -> bool:
+    d = abs(a - b)
+    return min(d, 24 - d) <= hours
+
+
+def _same_window(s: _Span, o: _Span, first: float, last: float) -> bool:
+    cut = s.start <= first or s.end >= last or o.start <= first or o.end >= last
+    if cut:
+        return (s.start > first and o.start > first and _close(_hour(s.start), _hour(o.start))) or (
+            s.end < last and o.end < last and _close(_hour(s.end), _hour(o.end))
+        )
+    same_length = abs(o.features["hours"] - s.features["hours"]) <= 0.35 * s.features["hours"]
+    return same_length and _close(_hour(s.start), _hour(o.start))
 
 
 # -- the decision ---------------------------------------------------------------------------------
@@ -333,7 +342,8 @@ def _describe(f: dict[str, float]) -> str:
     if "util_median" in f:
         parts.append(f"utilization median {f['util_median']:.0%} (p90 {f['util_p90']:.0%})")
     if "power_median" in f:
-        parts.append(f"power {f['power_median']:.0%} of limit")
+        of = "limit" if f.get("power_of_limit") else "its observed maximum"
+        parts.append(f"power {f['power_median']:.0%} of {of}")
     return ", ".join(parts)
 
 
@@ -408,8 +418,8 @@ def _windows(span: _Span, s: dict[str, float], ev: dict[str, list[str]]) -> None
     if f.get("recurring", 0.0) >= 1 and hours <= 14:
         s["batch"] += 0.9
         ev["batch"].insert(0, f"a {hours:.0f} h window that recurs daily")
-    elif hours <= 12 and f.get("night", 0.0) >= 0.7 and med >= 0.6:
-        s["batch"] += 0.5
+    elif hours <= 12 and f.get("night", 0.0) >= 0.7 and med >= 0.6 and span.peers == 0:
+        s["batch"] += 0.5  # a lone night-time run; ranks in lockstep are a training job
         ev["batch"].insert(0, f"a {hours:.0f} h night-time run")
     if hours >= 18 and med >= 0.6:
         s["training"] += 0.3

@@ -114,11 +114,19 @@ def _union(aliases: list[str], table: str) -> str:
     return " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
 
 
+def bucket_for(window_seconds: float, interval_seconds: float | None) -> int:
+    """Buckets of 5 minutes for a week; finer for short captures, so that a one-hour, 100 ms
+    capture of a training run still shows its ranks moving together (about 720 buckets per
+    window, at least two samples per bucket)."""
+    floor = 2 * (interval_seconds or 1.0)
+    return int(max(min(BUCKET_SECONDS, window_seconds / 720.0), floor, 1.0))
+
+
 def load(
     paths: list[Path],
     since_seconds: float,
     timeout: float = 10.0,
-    bucket_seconds: int = BUCKET_SECONDS,
+    bucket_seconds: int | None = None,
 ) -> FleetData:
     """Aggregate the window ``(newest sample - since, newest sample]`` of every store."""
     con = duckdb.connect(":memory:", config={"threads": 2})
@@ -134,10 +142,12 @@ def load(
         # An old or short capture still analyzes: the window ends at its newest sample and
         # starts no earlier than its first.
         start = max(end - since_seconds, float(row[0]) - 1.0)
-        _materialize(con, aliases, start, end, bucket_seconds)
+        interval = _interval(con, start, end)
+        bucket = bucket_seconds or bucket_for(end - start, interval)
+        _materialize(con, aliases, start, end, bucket)
         for alias in aliases:
             con.execute(f"DETACH {alias}")
-        return _fetch(con, start, end, bucket_seconds)
+        return _fetch(con, start, end, bucket, interval)
     finally:
         con.close()
 
@@ -158,12 +168,6 @@ def _materialize(
         {"b": bucket, "s": start, "e": end},
     )
     con.execute(
-        "CREATE TABLE interval AS SELECT median(d) AS d FROM (SELECT ts - lag(ts) OVER "
-        "(ORDER BY ts) AS d FROM g WHERE uuid = (SELECT min(uuid) FROM g) "
-        "AND ts > greatest($s, $e - 86400) AND ts <= $e) WHERE d > 0",
-        {"s": start, "e": end},
-    )
-    con.execute(
         f"CREATE TABLE devices AS SELECT node, uuid, any_value(gpu_index) AS gpu_index, "
         f"any_value(name) AS name, max(memory_total_bytes) AS total, "
         f"max(power_limit_watts) AS power_limit FROM ({_union(aliases, 'devices')}) GROUP BY 1, 2"
@@ -179,7 +183,20 @@ def _materialize(
     )
 
 
-def _fetch(con: duckdb.DuckDBPyConnection, start: float, end: float, bucket: int) -> FleetData:
+def _interval(con: duckdb.DuckDBPyConnection, start: float, end: float) -> float | None:
+    """The typical time between samples of one GPU (over the window's last day at most)."""
+    row = con.execute(
+        "SELECT median(d) FROM (SELECT ts - lag(ts) OVER (ORDER BY ts) AS d FROM g "
+        "WHERE uuid = (SELECT min(uuid) FROM g) AND ts > greatest($s, $e - 86400) "
+        "AND ts <= $e) WHERE d > 0",
+        {"s": start, "e": end},
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def _fetch(
+    con: duckdb.DuckDBPyConnection, start: float, end: float, bucket: int, interval: float | None
+) -> FleetData:
     gpus = tuple(
         GpuInfo(node, uuid, int(index), name, total, limit)
         for node, uuid, index, name, total, limit in con.execute(
@@ -198,7 +215,6 @@ def _fetch(con: duckdb.DuckDBPyConnection, start: float, end: float, bucket: int
     hints: dict[str, list[str]] = {}
     for uuid, comm, cmdline in con.execute("SELECT uuid, comm, cmdline FROM hints").fetchall():
         hints.setdefault(uuid, []).append(f"{comm} {cmdline}".strip())
-    interval = con.execute("SELECT d FROM interval").fetchone()
     return FleetData(
         window_start=start,
         window_end=end,
@@ -206,7 +222,5 @@ def _fetch(con: duckdb.DuckDBPyConnection, start: float, end: float, bucket: int
         gpus=gpus,
         buckets={k: tuple(v) for k, v in buckets.items()},
         hints={k: tuple(sorted(set(v))) for k, v in hints.items()},
-        sample_interval_seconds=None
-        if interval is None or interval[0] is None
-        else float(interval[0]),
+        sample_interval_seconds=interval,
     )
