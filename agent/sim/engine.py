@@ -291,60 +291,35 @@ def _detail(w: Workload) -> dict[str, object]:
 
 
 def _pathologies(w: Workload, node: str, gpu: int, start: float, end: float) -> list[TruthSpan]:
-    out = []
+    """The injected pathologies of ``w`` on one GPU, as truth spans."""
     p = w.p
+
+    def mark(since: float, pathology: str, detail: dict[str, object]) -> TruthSpan:
+        return TruthSpan(node, gpu, since, end, w.truth(start), w.name, pathology, detail)
+
+    out = []
     if w.kind in ("training", "finetune"):
         body = start + p.warmup_minutes * 60
         if p.input_bound:
             cause = {"cpu": "input_cpu", "io": "input_io", "network": "network"}[p.input_bound]
-            out.append(
-                TruthSpan(node, gpu, body, end, w.truth_class, w.name, "starved", {"cause": cause})
-            )
+            out.append(mark(body, "starved", {"cause": cause}))
         if p.straggler_rank >= 0:
             onset = max(start + p.straggler_onset_hours * 3600, body)
-            rank = w.rank(node, gpu)
-            if rank == p.straggler_rank:
-                out.append(
-                    TruthSpan(
-                        node,
-                        gpu,
-                        onset,
-                        end,
-                        w.truth_class,
-                        w.name,
-                        "straggler",
-                        {"factor": p.straggler_factor},
-                    )
-                )
+            if w.rank(node, gpu) == p.straggler_rank:
+                out.append(mark(onset, "straggler", {"factor": p.straggler_factor}))
             else:
                 out.append(
-                    TruthSpan(
-                        node,
-                        gpu,
+                    mark(
                         onset,
-                        end,
-                        w.truth_class,
-                        w.name,
                         "starved",
                         {"cause": "communication", "straggler_rank": p.straggler_rank},
                     )
                 )
         if p.throttle:
             onset = max(start + p.throttle_onset_hours * 3600, body)
-            out.append(
-                TruthSpan(
-                    node,
-                    gpu,
-                    onset,
-                    end,
-                    w.truth_class,
-                    w.name,
-                    "starved",
-                    {"cause": "throttled", "reason": p.throttle},
-                )
-            )
+            out.append(mark(onset, "starved", {"cause": "throttled", "reason": p.throttle}))
     if w.kind == "held":
-        out.append(TruthSpan(node, gpu, start, end, w.truth(start), w.name, "idle_held", {}))
+        out.append(mark(start, "idle_held", {}))
     return out
 
 

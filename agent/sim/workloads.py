@@ -561,13 +561,6 @@ class Inference(Workload):
             cpu_limit_cores=8.0 * gpus,
         )
 
-    def processes(self, node: str) -> list[ProcessSpec]:
-        procs = super().processes(node)
-        if self.p.tp <= 1:
-            return procs
-        # One server process per replica drives all its GPUs (vLLM's tensor-parallel workers).
-        return procs
-
     def comm(self) -> str:
         return {"tritonserver": "tritonserver", "tgi": "text-generation-launcher"}.get(
             self.p.engine, "python3"
