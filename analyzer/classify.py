@@ -212,8 +212,44 @@ def _features(span: _Span, bucket_seconds: int) -> dict[str, float]:
         f["nvlink_gbps"] = statistics.fmean(nvlink) / 1e9
     if util and f["hours"] >= 30:
         f["diurnal"] = _diurnal(b)
+    cycle = _cycle(b, bucket_seconds)
+    if cycle is not None:
+        f["cycle_minutes"], f["cycle_r"] = cycle
     f["night"] = sum(1 for x in b if _hour(x.start) >= 20.0 or _hour(x.start) < 8.0) / len(b)
     return f
+
+
+def _cycle(buckets: list[Bucket], bucket_seconds: int) -> tuple[float, float] | None:
+    """The period of a repeating dip (checkpoints, evaluation) between 10 minutes and 3 hours:
+    the lag with the strongest autocorrelation of power (utilization when power is missing),
+    if it is a clear peak. Returns (minutes, r)."""
+    values = [x.power_watts if x.power_watts is not None else x.util for x in buckets]
+    series = [v for v in values if v is not None]
+    if len(series) != len(values) or len(series) < 36:
+        return None
+    lo = max(2, int(600 / bucket_seconds))
+    hi = min(len(series) // 3, int(10800 / bucket_seconds))
+    if hi <= lo + 1:
+        return None
+    mean = statistics.fmean(series)
+    centred = [v - mean for v in series]
+    energy = sum(v * v for v in centred)
+    if energy <= 1e-9:
+        return None
+    r = {
+        k: sum(a * b for a, b in zip(centred, centred[k:], strict=False)) / energy
+        for k in range(lo, hi + 1)
+    }
+    peaks = [
+        k for k in r if r[k] >= 0.25 and r[k] >= r.get(k - 1, -1.0) and r[k] >= r.get(k + 1, -1.0)
+    ]
+    if not peaks:
+        return None
+    strongest = max(r[k] for k in peaks)
+    # The fundamental: multiples of a 45-minute checkpoint cycle peak too, and so does the
+    # least common multiple with an evaluation cycle; the shortest strong peak is the cycle.
+    best = min(k for k in peaks if r[k] >= 0.8 * strongest)
+    return best * bucket_seconds / 60.0, r[best]
 
 
 def _diurnal(buckets: list[Bucket]) -> float:
@@ -400,6 +436,12 @@ def _busy(span: _Span, s: dict[str, float], ev: dict[str, list[str]]) -> None:
         s["training"] += 0.45
         ev["training"].append(
             f"{low:.0%} of busy intervals at low power (ranks waiting in collectives)"
+        )
+    if "cycle_minutes" in f and med >= 0.5:
+        s["training"] += 0.3
+        ev["training"].append(
+            f"a {f['cycle_minutes']:.0f}-min cycle of dips (checkpoints or evaluation, "
+            f"r={f['cycle_r']:.2f})"
         )
     if f.get("nvlink_gbps", 0.0) >= 5.0 and med >= 0.5:
         s["training"] += 0.2
