@@ -274,7 +274,7 @@ def simulate_command(
 
 @import_app.command("nvidia-smi")
 def import_nvidia_smi(
-    files: Annotated[list[Path], typer.Argument(help="nvidia-smi CSV logs.")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILE", help="nvidia-smi CSV logs.")],
     store: Annotated[Path | None, typer.Option(help="Store file or directory to write.")] = None,
     node: Annotated[
         str | None, typer.Option(help="Node name for the samples (default: each file's name).")
