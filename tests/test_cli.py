@@ -23,6 +23,10 @@ COMMANDS = [
     ["agent", "run", "--help"],
     ["store", "--help"],
     ["store", "info", "--help"],
+    ["simulate", "--help"],
+    ["analyze", "--help"],
+    ["import", "--help"],
+    ["import", "nvidia-smi", "--help"],
 ]
 
 
@@ -107,7 +111,8 @@ def test_every_command_has_help_with_examples(args: list[str]) -> None:
     result = _aiscope(*args)
     assert result.returncode == 0, result.stderr
     assert "Usage" in result.stdout
-    if args[-2:-1] in (["run"], ["info"], ["simulate"]) or args == ["--help"]:
+    leaf = args[:-1] and args[-2] in ("run", "info", "simulate", "analyze", "nvidia-smi")
+    if leaf or args == ["--help"]:
         assert "Examples" in result.stdout
 
 
