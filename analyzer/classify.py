@@ -117,7 +117,7 @@ def classify(data: FleetData) -> list[GpuVerdict]:
             _classify_span(s, data.hints.get(gpu.uuid, ()), data.bucket_seconds)
             for s in spans[gpu.uuid]
         ]
-        verdicts.append(_overall(gpu, segments, data))
+        verdicts.append(_overall(gpu, segments))
     return verdicts
 
 
@@ -468,7 +468,7 @@ def _windows(span: _Span, s: dict[str, float], ev: dict[str, list[str]]) -> None
         ev["training"].append(f"sustained for {hours:.0f} h")
 
 
-def _overall(gpu: GpuInfo, segments: list[Segment], data: FleetData) -> GpuVerdict:
+def _overall(gpu: GpuInfo, segments: list[Segment]) -> GpuVerdict:
     if not segments:
         return GpuVerdict(gpu, "idle", 0.5, ("no samples in the window",), ())
     share: dict[str, float] = {}

@@ -252,7 +252,7 @@ def truth_spans(scenario: Scenario, workloads: list[Workload], horizon: float) -
                     TruthSpan(node, gpu, start, end, w.truth(start), w.name, None, _detail(w))
                 )
                 spans += [s for s in _pathologies(w, node, gpu, start, end) if s.start < s.end]
-    spans += _neighbour_truth(workloads, horizon, scenario.interval_seconds)
+    spans += _neighbour_truth(workloads, horizon)
     spans += _idle_spans(scenario, [s for s in spans if s.pathology is None], horizon)
     return spans
 
@@ -261,7 +261,7 @@ def _active_spans(w: Workload, horizon: float, step: float) -> list[tuple[float,
     if isinstance(w, HostHog):
         return []
     out: list[tuple[float, float]] = []
-    t, start = 0.0, None
+    start: float | None = None
     end = min(w.window.end, horizon)
     t = max(w.window.start, 0.0)
     while t < end:
@@ -329,56 +329,49 @@ def _overlap(a: Workload, b: Workload, horizon: float) -> tuple[float, float] | 
     return (start, end) if end > start else None
 
 
-def _neighbour_truth(workloads: list[Workload], horizon: float, step: float) -> list[TruthSpan]:
+def _neighbour_truth(workloads: list[Workload], horizon: float) -> list[TruthSpan]:
+    """Noisy neighbours: time-sliced co-tenants whose combined demand exceeds the GPU, and
+    training jobs on a node whose shared host resource a hog saturates."""
     out = []
+
+    def slowed(
+        node: str,
+        gpu: int,
+        span: tuple[float, float],
+        victim: Workload,
+        aggressor: Workload,
+        detail: dict[str, object],
+    ) -> TruthSpan:
+        return TruthSpan(
+            node,
+            gpu,
+            span[0],
+            span[1],
+            victim.truth(span[0]),
+            victim.name,
+            "noisy_neighbor",
+            {"victim": victim.name, "aggressor": aggressor.name, **detail},
+        )
+
     for i, a in enumerate(workloads):
         for b in workloads[i + 1 :]:
             span = _overlap(a, b, horizon)
             if span is None:
                 continue
-            shared = {r for r in a.ranks} & {r for r in b.ranks}
-            for node, gpu in sorted(shared):  # time-sliced co-tenants
-                demand = _mean_demand(a, b, node, gpu, span, step)
+            for node, gpu in sorted(set(a.ranks) & set(b.ranks)):  # time-sliced co-tenants
+                demand = _mean_demand(a, b, node, gpu, span)
                 if demand > 1.05:
-                    for victim, aggressor in ((a, b), (b, a)):
-                        out.append(
-                            TruthSpan(
-                                node,
-                                gpu,
-                                span[0],
-                                span[1],
-                                victim.truth(span[0]),
-                                victim.name,
-                                "noisy_neighbor",
-                                {
-                                    "victim": victim.name,
-                                    "aggressor": aggressor.name,
-                                    "resource": "gpu",
-                                    "slowdown": round(1 - 1 / demand, 3),
-                                },
-                            )
-                        )
-            hog, slowed = _hog_and_victim(a, b)
-            if hog is None or slowed is None or slowed.kind not in ("training", "finetune"):
+                    detail = {"resource": "gpu", "slowdown": round(1 - 1 / demand, 3)}
+                    out.append(slowed(node, gpu, span, a, b, detail))
+                    out.append(slowed(node, gpu, span, b, a, detail))
+            hog, victim = _hog_and_victim(a, b)
+            if hog is None or victim is None or victim.kind not in ("training", "finetune"):
                 continue
-            for node, gpu in slowed.ranks:
-                if node in hog.nodes():
-                    out.append(
-                        TruthSpan(
-                            node,
-                            gpu,
-                            span[0],
-                            span[1],
-                            slowed.truth_class,
-                            slowed.name,
-                            "noisy_neighbor",
-                            {
-                                "victim": slowed.name,
-                                "aggressor": hog.name,
-                                "resource": hog.p.resource,
-                            },
-                        )
-                    )
+            out += [
+                slowed(node, gpu, span, victim, hog, {"resource": hog.p.resource})
+                for node, gpu in victim.ranks
+                if node in hog.nodes()
+            ]
     return out
 
 
@@ -390,9 +383,7 @@ def _hog_and_victim(a: Workload, b: Workload) -> tuple[Workload | None, Workload
     return None, None
 
 
-def _mean_demand(
-    a: Workload, b: Workload, node: str, gpu: int, span: tuple[float, float], step: float
-) -> float:
+def _mean_demand(a: Workload, b: Workload, node: str, gpu: int, span: tuple[float, float]) -> float:
     times = [span[0] + (span[1] - span[0]) * k / 50 for k in range(50)]
     values = [
         a.gpu_load(t, node, gpu, {}).util + b.gpu_load(t, node, gpu, {}).util
