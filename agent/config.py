@@ -45,11 +45,14 @@ class AgentConfig:
     flush_interval: float = 10.0
     rollup_interval: float = 300.0
     prune_interval: float = 3600.0
+    analysis_interval: float = 300.0
+    analysis_window: float = 10800.0
     buffer_rows: int = 100_000
     raw_retention_days: float = 14.0
     rollup_retention_days: float = 400.0
     nvml_deadline: float = 2.0
     duration: float | None = None
+    config_file: Path | None = None  # where the file settings came from (for [thresholds])
 
 
 def default_store() -> Path:
@@ -102,6 +105,8 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "flush_interval": _positive_float,
     "rollup_interval": _positive_float,
     "prune_interval": _positive_float,
+    "analysis_interval": _positive_float,
+    "analysis_window": _positive_float,
     "buffer_rows": _positive_int,
     "raw_retention_days": _positive_float,
     "rollup_retention_days": _positive_float,
@@ -159,7 +164,10 @@ def load_config(
     values.setdefault("node", socket.gethostname())
     known = {f.name for f in fields(AgentConfig)}
     return AgentConfig(
-        listen_host=host, listen_port=port, **{k: v for k, v in values.items() if k in known}
+        listen_host=host,
+        listen_port=port,
+        config_file=file_path,
+        **{k: v for k, v in values.items() if k in known},
     )
 
 

@@ -494,6 +494,110 @@ def _cgroups(snap: Snapshot) -> Iterator[Metric]:
     yield limit
 
 
+@dataclass(frozen=True, slots=True)
+class GpuAnalysisSeries:
+    """One GPU's trailing-analysis results, as the composition root hands them over."""
+
+    node: str
+    gpu: int
+    uuid: str
+    starved_ratio: float | None
+    starved_cause: str | None
+    slowdown_ratio: float | None
+    victim: str | None
+    aggressor: str | None
+    resource: str | None
+    idle_held_seconds: float
+    holder: str | None
+
+
+class AnalysisSink(Collector):
+    """The latest trailing analysis, exported as gauges, and the analysis job's own health.
+
+    The agent does not analyze; whoever composes it (``aiscope.compose``) runs the analysis and
+    calls :meth:`publish` or :meth:`failed`. Nothing is exported before the first run."""
+
+    def __init__(self, window_seconds: float) -> None:
+        self._lock = threading.Lock()
+        self._series: tuple[GpuAnalysisSeries, ...] = ()
+        self._last_run: float | None = None
+        self._duration: float | None = None
+        self._failures = 0
+        self._window = window_seconds
+
+    def publish(self, series: Iterable[GpuAnalysisSeries], at: float, duration: float) -> None:
+        with self._lock:
+            self._series = tuple(series)
+            self._last_run, self._duration = at, duration
+
+    def failed(self) -> None:
+        with self._lock:
+            self._failures += 1
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            series, last, duration, failures = (
+                self._series,
+                self._last_run,
+                self._duration,
+                self._failures,
+            )
+        yield from _analysis_families(series)
+        runs = CounterMetricFamily(
+            "aiscope_analysis_failures", "Trailing analyses that failed (see the agent log)."
+        )
+        runs.add_metric([], failures)
+        yield runs
+        window = GaugeMetricFamily(
+            "aiscope_analysis_window_seconds", "Length of the trailing analysis window."
+        )
+        window.add_metric([], self._window)
+        yield window
+        if last is not None and duration is not None:
+            yield GaugeMetricFamily(
+                "aiscope_analysis_last_run_timestamp_seconds",
+                "When the trailing analysis last finished (Unix time).",
+                value=last,
+            )
+            yield GaugeMetricFamily(
+                "aiscope_analysis_duration_seconds",
+                "How long the last trailing analysis took.",
+                value=duration,
+            )
+
+
+def _analysis_families(series: tuple[GpuAnalysisSeries, ...]) -> Iterator[Metric]:
+    base = ["node", "gpu", "uuid"]
+    starved = GaugeMetricFamily(
+        "aiscope_gpu_starved_ratio",
+        "Share of the trailing window's held training/batch time the GPU spent waiting "
+        "(input pipeline, collectives, throttling), with the costliest cause.",
+        labels=[*base, "cause"],
+    )
+    noisy = GaugeMetricFamily(
+        "aiscope_noisy_neighbor_slowdown_ratio",
+        "A victim's throughput lost to a co-located workload over the trailing window.",
+        labels=[*base, "victim", "aggressor", "resource"],
+    )
+    held = GaugeMetricFamily(
+        "aiscope_gpu_idle_held_seconds",
+        "How long the GPU has held memory with no compute, up to the newest sample.",
+        labels=[*base, "holder"],
+    )
+    for s in series:
+        labels = [s.node, str(s.gpu), s.uuid]
+        if s.starved_ratio is not None:
+            starved.add_metric([*labels, s.starved_cause or "none"], s.starved_ratio)
+        if s.slowdown_ratio is not None:
+            noisy.add_metric(
+                [*labels, s.victim or "", s.aggressor or "", s.resource or ""], s.slowdown_ratio
+            )
+        held.add_metric([*labels, s.holder or ""], s.idle_held_seconds)
+    yield starved
+    yield noisy
+    yield held
+
+
 def build_registry(
     collectors: Iterable[Collector], process_metrics: bool = True
 ) -> CollectorRegistry:

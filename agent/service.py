@@ -11,6 +11,8 @@ job                default interval             what it does
 ``flush``          10 s                         buffered rows into the store
 ``rollup``         5 min                        per-minute summaries of complete minutes
 ``prune``          1 h                          retention
+``analysis``       5 min                        the trailing analysis for Prometheus (added
+                                                by the composition root, see ``extra_jobs``)
 =================  ===========================  ==========================================
 
 SIGTERM and SIGINT stop the scheduler, wait for running jobs, and flush the buffer one last time.
@@ -46,6 +48,8 @@ class Agent:
     serve: Callable[[], MetricsServer]
     #: CPU seconds each job's own thread has spent, by job name (bench/agent_overhead.py).
     job_cpu_seconds: dict[str, float] = field(default_factory=dict)
+    #: More (name, function, interval seconds) jobs from whoever composed the agent.
+    extra_jobs: tuple[tuple[str, Callable[[], object], float], ...] = ()
 
 
 def _guard(
@@ -68,7 +72,7 @@ def _guard(
 
 
 def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> BackgroundScheduler:
-    """A started scheduler with the agent's five jobs."""
+    """A started scheduler with the agent's five jobs and any extra ones."""
     c = agent.config
     scheduler = BackgroundScheduler(
         timezone="UTC",
@@ -82,6 +86,7 @@ def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> Background
         ("flush", agent.store.flush, c.flush_interval),
         ("rollup", lambda: agent.store.rollup(now()), c.rollup_interval),
         ("prune", lambda: agent.store.prune(now()), c.prune_interval),
+        *agent.extra_jobs,
     ]
     for name, fn, seconds in jobs:
         scheduler.add_job(

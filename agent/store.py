@@ -363,6 +363,13 @@ class Store:
                 self._con.close()
                 self._con = None
 
+    @contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Hold off this store's writes, so a reader in the same process can attach the file
+        (the agent's trailing analysis). Writes wait; nothing is dropped."""
+        with self._write_lock:
+            yield
+
     def flush(self) -> int:
         """Write everything buffered in one transaction; return the rows written.
 

@@ -161,7 +161,13 @@ def agent_run(
     from agent import service  # noqa: PLC0415
     from agent.sim.scenario import ScenarioError  # noqa: PLC0415
     from aiscope.compose import build_agent  # noqa: PLC0415
+    from analyzer.load import InputError  # noqa: PLC0415
+    from analyzer.thresholds import from_file  # noqa: PLC0415
 
+    try:
+        thresholds = from_file(cfg.config_file)
+    except InputError as exc:
+        raise UserError(str(exc)) from exc
     try:
         built = build_agent(
             cfg,
@@ -169,6 +175,7 @@ def agent_run(
             virtual_model=virtual_model,
             simulate=simulate,
             sim_node=node,
+            thresholds=thresholds,
         )
         service.run(built)
     except ScenarioError as exc:
@@ -335,28 +342,36 @@ def analyze_command(
     wait: Annotated[
         float, typer.Option(help="Seconds to wait for an agent to release a store.")
     ] = 10.0,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="TOML file whose [thresholds] table overrides the findings' defaults."),
+    ] = None,
 ) -> None:
-    """Classify what every GPU was doing (training, inference, batch, interactive, idle).
+    """Classify what every GPU was doing, and find starved, noisy-neighbour and idle-held GPUs.
 
-    Prints the aiscope.analysis/1 JSON document (or a table with --format text). Works while
-    agents are writing the stores.
+    Prints the aiscope.analysis/1 JSON document (or a table with --format text): a class per
+    GPU (training, inference, batch, interactive, idle) and findings with their evidence and
+    their cost in GPU-hours. Works while agents are writing the stores.
 
     \b
     Examples:
       aiscope analyze --store /var/lib/aiscope --format text
       aiscope analyze --store 'fleet/*.duckdb' --since 24h > analysis.json
       aiscope analyze --store node1.duckdb --store node2.duckdb
+      aiscope analyze --store fleet/ --config /etc/aiscope/aiscope.toml
     """
     from agent.config import default_store  # noqa: PLC0415
     from agent.store import StoreError  # noqa: PLC0415
     from analyzer.analysis import analyze, render_text  # noqa: PLC0415
     from analyzer.load import InputError  # noqa: PLC0415
+    from analyzer.thresholds import from_file  # noqa: PLC0415
 
     if output_format not in ("json", "text"):
         raise UserError(f"--format: expected json or text, got {output_format!r}")
     stores = store or [str(default_store())]
     try:
-        doc = analyze(stores, since=since, timeout=wait)
+        thresholds = from_file(config)
+        doc = analyze(stores, since=since, timeout=wait, thresholds=thresholds)
     except InputError as exc:
         raise UserError(str(exc)) from exc
     except StoreError as exc:

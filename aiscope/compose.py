@@ -1,25 +1,38 @@
-"""The composition root: wires the agent's parts together (and, later, the analyzer's).
+"""The composition root: wires the agent's parts together, and the analyzer into the agent.
 
-This is the only place that knows both halves; ``agent`` never imports ``analyzer``.
+This is the only place that knows both halves; ``agent`` never imports ``analyzer``. The agent
+gets the trailing analysis as one more scheduled job (``Agent.extra_jobs``) that publishes into
+an :class:`agent.exporter.AnalysisSink`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from agent.attribution import ProcReader
 from agent.config import AgentConfig
-from agent.exporter import AgentCollector, build_registry, serve
+from agent.exporter import (
+    AgentCollector,
+    AnalysisSink,
+    GpuAnalysisSeries,
+    build_registry,
+    serve,
+)
 from agent.host import HostReader
 from agent.nvml import Nvml
 from agent.sampler import Sampler
 from agent.service import Agent
-from agent.store import Store, connect_read_only, table_summary
+from agent.store import Store, StoreError, connect_read_only, table_summary
 from aiscope import __version__
+from analyzer.load import InputError
+from analyzer.thresholds import Thresholds
+
+log = logging.getLogger(__name__)
 
 
 def build_agent(
@@ -29,6 +42,7 @@ def build_agent(
     library: object | None = None,
     simulate: str | None = None,
     sim_node: str | None = None,
+    thresholds: Thresholds | None = None,
 ) -> Agent:
     """The agent's parts for ``config``. ``virtual_gpus`` swaps the driver for virtual GPUs with a
     synthetic load; ``simulate`` plays one node of a scenario live (its GPUs, host and /proc)."""
@@ -61,13 +75,50 @@ def build_agent(
         deadline_seconds=config.nvml_deadline,
     )
     collector = AgentCollector(sampler.snapshot, store.stats, __version__)
-    registry = build_registry([collector])
+    sink = AnalysisSink(config.analysis_window)
+    registry = build_registry([collector, sink])
+    analysis = TrailingAnalysis(store, config.analysis_window, thresholds or Thresholds(), sink)
     return Agent(
         config=config,
         sampler=sampler,
         store=store,
         serve=lambda: serve(registry, config.listen_host, config.listen_port),
+        extra_jobs=(("analysis", analysis.run, config.analysis_interval),),
     )
+
+
+@dataclasses.dataclass
+class TrailingAnalysis:
+    """The analyzer over the agent's own store, every few minutes, into Prometheus gauges."""
+
+    store: Store
+    window_seconds: float
+    thresholds: Thresholds
+    sink: AnalysisSink
+    _failing: bool = False
+
+    def run(self) -> None:
+        from analyzer.live import trailing  # noqa: PLC0415  (loaded on the first run)
+
+        started = time.monotonic()
+        try:
+            self.store.flush()
+            with self.store.quiet():
+                if not self.store.path.exists():
+                    return
+                results = trailing(self.store.path, self.window_seconds, self.thresholds)
+        except (InputError, StoreError) as exc:
+            if not self._failing:  # logged once per failing streak
+                log.warning("trailing analysis failed: %s", exc)
+            self._failing = True
+            self.sink.failed()
+            return
+        self._failing = False
+        self.sink.publish(
+            [GpuAnalysisSeries(**dataclasses.asdict(r)) for r in results],
+            at=time.time(),
+            duration=time.monotonic() - started,
+        )
 
 
 def _iso(ts: float | None) -> str | None:

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.classify import GpuVerdict, classify
+from analyzer.findings import find_all, to_json
 from analyzer.load import InputError, expand, load
+from analyzer.thresholds import Thresholds
 
 SCHEMA = "aiscope.analysis/1"
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -27,18 +29,24 @@ def iso(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def analyze(stores: list[str], since: str = "7d", timeout: float = 10.0) -> dict[str, Any]:
+def analyze(
+    stores: list[str],
+    since: str = "7d",
+    timeout: float = 10.0,
+    thresholds: Thresholds | None = None,
+) -> dict[str, Any]:
     """Run every analysis over the window and return the contract's JSON document."""
     seconds = parse_duration(since)
     paths: list[Path] = expand(stores)
     data = load(paths, seconds, timeout=timeout)
     verdicts = classify(data)
+    findings = find_all(data, verdicts, thresholds)
     return {
         "schema": SCHEMA,
         "window": {"start": iso(data.window_start), "end": iso(data.window_end)},
         "stores": [str(p) for p in paths],
         "gpus": [_gpu(v) for v in verdicts],
-        "findings": [],
+        "findings": [to_json(f, iso) for f in findings],
         "recommendations": [],
     }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import glob
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -18,6 +18,15 @@ import duckdb
 from agent.store import StoreError, check_schema
 
 BUCKET_SECONDS = 300
+#: Clock-event reasons that mean "slowed by a limit", from nvml.h: SW power cap (0x4),
+#: HW slowdown (0x8), SW thermal (0x20), HW thermal (0x40), HW power brake (0x80).
+THROTTLE_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+#: Who a process belongs to, most specific first: the Slurm job, the pod, the systemd unit,
+#: else the command and its process id.
+TENANT_SQL = (
+    "coalesce('slurm job ' || p.slurm_job_id, 'pod ' || p.k8s_pod_uid, "
+    "'unit ' || p.systemd_unit, coalesce(p.comm, '?') || ' (pid ' || p.pid || ')')"
+)
 
 
 class InputError(ValueError):
@@ -39,6 +48,10 @@ class Bucket:
     power_watts: float | None
     sm_active: float | None
     nvlink_bytes_per_second: float | None
+    tensor_active: float | None = None
+    sm_clock_hertz: float | None = None
+    #: Share of samples whose clock-event reasons include a power or thermal limit.
+    throttled_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +65,48 @@ class GpuInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class HostBucket:
+    """One node over one bucket: means of the host counters; ``None`` when not reported."""
+
+    start: float
+    cpu_busy_ratio: float | None
+    cpu_iowait_ratio: float | None
+    psi_cpu_some_ratio: float | None
+    psi_io_some_ratio: float | None
+    disk_read_bytes_per_second: float | None
+    cpu_count: int | None
+    ib_bytes_per_second: float | None  # the busiest InfiniBand port, rx + tx
+    nic_bytes_per_second: float | None  # all Ethernet NICs, rx + tx
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """A workload identity that held GPU memory: a Slurm job, a pod, a unit, or a process."""
+
+    name: str
+    user: str | None
+    cgroup: str | None
+    command: str
+
+
+@dataclass(frozen=True, slots=True)
+class TenantBucket:
+    """One tenant on one GPU over one bucket."""
+
+    start: float
+    tenant: str
+    memory_bytes: float | None
+    sm_util: float | None  # the process's own SM utilization from NVML, when reported
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupBucket:
+    start: float
+    cpu_cores: float | None
+    cpu_limit_cores: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class FleetData:
     """Everything the classifier needs for one window."""
 
@@ -62,6 +117,10 @@ class FleetData:
     buckets: dict[str, tuple[Bucket, ...]]  # uuid -> buckets in time order
     hints: dict[str, tuple[str, ...]]  # uuid -> command names and lines seen on it
     sample_interval_seconds: float | None
+    hosts: dict[str, tuple[HostBucket, ...]] = field(default_factory=dict)  # node -> buckets
+    tenants: dict[str, Tenant] = field(default_factory=dict)  # name -> identity
+    tenancy: dict[str, tuple[TenantBucket, ...]] = field(default_factory=dict)  # uuid -> buckets
+    cgroups: dict[tuple[str, str], tuple[CgroupBucket, ...]] = field(default_factory=dict)
 
 
 def expand(patterns: list[str]) -> list[Path]:
@@ -163,10 +222,15 @@ def _materialize(
         "max(memory_used_bytes) AS mem_max, avg(power_watts) AS power, "
         "avg(sm_active_ratio) AS sm, "
         "avg(coalesce(nvlink_tx_bytes_per_second, 0) + coalesce(nvlink_rx_bytes_per_second, 0)) "
-        "FILTER (WHERE nvlink_tx_bytes_per_second IS NOT NULL) AS nvlink "
+        "FILTER (WHERE nvlink_tx_bytes_per_second IS NOT NULL) AS nvlink, "
+        "avg(tensor_active_ratio) AS tensor, avg(sm_clock_hertz) AS clock, "
+        "avg(CASE WHEN clock_event_reasons IS NULL THEN NULL "
+        "WHEN (clock_event_reasons & $limits) != 0 THEN 1.0 ELSE 0.0 END) AS throttled "
         "FROM g WHERE ts > $s AND ts <= $e GROUP BY ALL",
-        {"b": bucket, "s": start, "e": end},
+        {"b": bucket, "s": start, "e": end, "limits": THROTTLE_REASONS},
     )
+    _materialize_host(con, aliases, start, end, bucket)
+    _materialize_tenancy(con, aliases, start, end, bucket)
     con.execute(
         f"CREATE TABLE devices AS SELECT node, uuid, any_value(gpu_index) AS gpu_index, "
         f"any_value(name) AS name, max(memory_total_bytes) AS total, "
@@ -180,6 +244,53 @@ def _materialize(
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
         "WHERE s.ts > $s AND s.ts <= $e",
         {"s": start, "e": end},
+    )
+
+
+def _materialize_host(
+    con: duckdb.DuckDBPyConnection, aliases: list[str], start: float, end: float, bucket: int
+) -> None:
+    params = {"b": bucket, "s": start, "e": end}
+    con.execute(
+        "CREATE TABLE host AS SELECT node, floor(ts / $b) * $b AS start, "
+        "avg(cpu_busy_ratio) AS busy, avg(cpu_iowait_ratio) AS iowait, "
+        "avg(psi_cpu_some_ratio) AS psi_cpu, avg(psi_io_some_ratio) AS psi_io, "
+        "avg(disk_read_bytes_per_second) AS disk_read, max(cpu_count) AS cpus "
+        f"FROM ({_union(aliases, 'host_samples')}) WHERE ts > $s AND ts <= $e GROUP BY ALL",
+        params,
+    )
+    con.execute(
+        "CREATE TABLE net AS SELECT node, start, max(v) FILTER (WHERE kind = 'ib') AS ib, "
+        "sum(v) FILTER (WHERE kind = 'nic') AS nic FROM ("
+        "SELECT node, kind, device, floor(ts / $b) * $b AS start, "
+        "avg(coalesce(rx_bytes_per_second, 0) + coalesce(tx_bytes_per_second, 0)) AS v "
+        f"FROM ({_union(aliases, 'net_samples')}) WHERE ts > $s AND ts <= $e GROUP BY ALL"
+        ") GROUP BY ALL",
+        params,
+    )
+    con.execute(
+        "CREATE TABLE cg AS SELECT node, cgroup, floor(ts / $b) * $b AS start, "
+        "avg(cpu_cores) AS cores, max(cpu_limit_cores) AS lim "
+        f"FROM ({_union(aliases, 'cgroup_samples')}) WHERE ts > $s AND ts <= $e GROUP BY ALL",
+        params,
+    )
+
+
+def _materialize_tenancy(
+    con: duckdb.DuckDBPyConnection, aliases: list[str], start: float, end: float, bucket: int
+) -> None:
+    """Which tenant held memory on which GPU in each bucket (processes summed per tenant)."""
+    con.execute(
+        f"CREATE TABLE tenancy AS SELECT s.uuid, {TENANT_SQL} AS tenant, "
+        "floor(s.ts / $b) * $b AS start, any_value(p.user) AS usr, any_value(p.cgroup) AS cg, "
+        "any_value(coalesce(p.comm, '') || ' ' || coalesce(p.cmdline, '')) AS cmd, "
+        "sum(s.used_memory_bytes) / count(DISTINCT s.ts) AS mem, "
+        "sum(s.sm_utilization_ratio) / count(DISTINCT s.ts) AS sm "
+        f"FROM ({_union(aliases, 'process_samples')}) s "
+        f"JOIN ({_union(aliases, 'processes')}) p "
+        "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
+        "WHERE s.ts > $s AND s.ts <= $e GROUP BY s.uuid, tenant, 3",
+        {"b": bucket, "s": start, "e": end},
     )
 
 
@@ -209,13 +320,18 @@ def _fetch(
     buckets: dict[str, list[Bucket]] = {g.uuid: [] for g in gpus}
     for row in con.execute(
         "SELECT uuid, start, samples, ups, util, util_max, util_min, mem, mem_max, power, sm, "
-        "nvlink FROM buckets ORDER BY uuid, start"
+        "nvlink, tensor, clock, throttled FROM buckets ORDER BY uuid, start"
     ).fetchall():
         buckets[row[0]].append(Bucket(*row[1:]))
+    tenants, tenancy = _fetch_tenancy(con)
     hints: dict[str, list[str]] = {}
     for uuid, comm, cmdline in con.execute("SELECT uuid, comm, cmdline FROM hints").fetchall():
         hints.setdefault(uuid, []).append(f"{comm} {cmdline}".strip())
     return FleetData(
+        hosts=_fetch_hosts(con),
+        tenants=tenants,
+        tenancy=tenancy,
+        cgroups=_fetch_cgroups(con),
         window_start=start,
         window_end=end,
         bucket_seconds=bucket,
@@ -224,3 +340,38 @@ def _fetch(
         hints={k: tuple(sorted(set(v))) for k, v in hints.items()},
         sample_interval_seconds=interval,
     )
+
+
+def _fetch_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[HostBucket, ...]]:
+    hosts: dict[str, list[HostBucket]] = {}
+    for node, *row in con.execute(
+        "SELECT h.node, h.start, busy, iowait, psi_cpu, psi_io, disk_read, cpus, n.ib, n.nic "
+        "FROM host h LEFT JOIN net n USING (node, start) ORDER BY h.node, h.start"
+    ).fetchall():
+        hosts.setdefault(node, []).append(HostBucket(*row))
+    return {k: tuple(v) for k, v in hosts.items()}
+
+
+def _fetch_cgroups(
+    con: duckdb.DuckDBPyConnection,
+) -> dict[tuple[str, str], tuple[CgroupBucket, ...]]:
+    out: dict[tuple[str, str], list[CgroupBucket]] = {}
+    for node, cgroup, *row in con.execute(
+        "SELECT node, cgroup, start, cores, lim FROM cg ORDER BY node, cgroup, start"
+    ).fetchall():
+        out.setdefault((node, cgroup), []).append(CgroupBucket(*row))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _fetch_tenancy(
+    con: duckdb.DuckDBPyConnection,
+) -> tuple[dict[str, Tenant], dict[str, tuple[TenantBucket, ...]]]:
+    tenants: dict[str, Tenant] = {}
+    tenancy: dict[str, list[TenantBucket]] = {}
+    for uuid, name, start, user, cgroup, cmd, mem, sm in con.execute(
+        "SELECT uuid, tenant, start, usr, cg, cmd, mem, sm FROM tenancy "
+        "ORDER BY uuid, start, tenant"
+    ).fetchall():
+        tenants.setdefault(name, Tenant(name, user, cgroup, cmd.strip()))
+        tenancy.setdefault(uuid, []).append(TenantBucket(start, name, mem, sm))
+    return tenants, {k: tuple(v) for k, v in tenancy.items()}

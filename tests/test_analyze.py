@@ -52,7 +52,25 @@ def test_json_follows_the_contract(fleet) -> None:
     assert doc["schema"] == "aiscope.analysis/1"
     assert ISO.match(doc["window"]["start"]) and ISO.match(doc["window"]["end"])
     assert doc["window"]["start"] < doc["window"]["end"]
-    assert doc["findings"] == [] and doc["recommendations"] == []
+    assert doc["recommendations"] == []
+    assert doc["findings"], "the straggler and the throttled fine-tune are findings"
+    for f in doc["findings"]:
+        assert {"kind", "node", "gpu", "uuid", "start", "end", "gpu_hours_lost", "evidence"} <= set(
+            f
+        )
+        assert f["kind"] in ("starved", "noisy_neighbor", "idle_held")
+        assert ISO.match(f["start"]) and ISO.match(f["end"]) and f["start"] < f["end"]
+        if f["kind"] == "starved":
+            assert f["cause"] in (
+                "input_cpu",
+                "input_io",
+                "network",
+                "communication",
+                "throttled",
+                "unknown",
+            )
+    costs = [f["gpu_hours_lost"] for f in doc["findings"]]
+    assert costs == sorted(costs, reverse=True)
     assert len(doc["gpus"]) == 20
     for g in doc["gpus"]:
         assert set(g) >= {

@@ -691,9 +691,7 @@ class Interactive(Workload):
     def gpu_load(self, t: float, node: str, gpu: int, slowdown: dict[str, float]) -> GpuLoad:
         p = self.p
         memory = int(self.memory_total(node) * p.memory_fraction)
-        slot = int(t // (p.burst_minutes * 60))
-        chance = p.bursts_per_hour * p.burst_minutes / 60.0
-        if unit(self.seed, slot, gpu, 3) < chance:
+        if self._bursting(int(t // (p.burst_minutes * 60)), gpu):
             u = clamp(p.burst_util + noise(self.seed, t, gpu, 0.2))
             return GpuLoad(
                 util=u,
@@ -705,6 +703,28 @@ class Interactive(Workload):
                 dram=0.3 * u,
             )
         return GpuLoad(util=0.0, memory_bytes=memory, power_frac=0.02)
+
+    def _bursting(self, slot: int, gpu: int) -> bool:
+        p = self.p
+        return bool(unit(self.seed, slot, gpu, 3) < p.bursts_per_hour * p.burst_minutes / 60.0)
+
+    def idle_spans(
+        self, start: float, end: float, gpu: int, min_seconds: float
+    ) -> list[tuple[float, float]]:
+        """Stretches of at least ``min_seconds`` between bursts: memory held, no compute."""
+        size = self.p.burst_minutes * 60
+        spans: list[tuple[float, float]] = []
+        since = start
+        slot = int(start // size)
+        while slot * size < end:
+            if self._bursting(slot, gpu):
+                if slot * size - since >= min_seconds:
+                    spans.append((since, slot * size))
+                since = (slot + 1) * size
+            slot += 1
+        if end - since >= min_seconds:
+            spans.append((since, end))
+        return spans
 
     def host_load(self, t: float, node: str, slowdown: dict[str, float]) -> HostLoad:
         return HostLoad(cpu_cores=0.4)

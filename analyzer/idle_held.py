@@ -1,0 +1,133 @@
+"""``idle_held``: GPU memory held, by a process or a pod, with no compute for a long stretch.
+
+A run of buckets where the GPU holds memory (``held_memory_ratio``) and never computes
+(``idle_util_ratio`` on the bucket's *maximum* utilization, so one busy second breaks the run)
+for at least ``idle_held_window_seconds`` is idle-held. Runs of the same holder on the same GPU
+are one finding (a notebook that idles every afternoon is one story, not seven), with the total,
+the longest run and the number of runs. The holder comes from attribution; memory held while no
+process is on the GPU is reported as such (an orphaned allocation, or a process the agent cannot
+see, such as one in another PID namespace without ``hostPID``).
+
+An idle GPU with nothing on it is not idle-held, and neither is a GPU that computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from analyzer.findings import GIB, Context, Finding, GpuView, gpu_name, hours
+from analyzer.load import Bucket
+
+NO_PROCESS = "no process"
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    start: float
+    end: float
+    holder: str
+    memory_bytes: float
+
+
+def find(ctx: Context) -> list[Finding]:
+    out = []
+    for view in ctx.views.values():
+        runs = _runs(ctx, view)
+        for holder in sorted({r.holder for r in runs}):
+            mine = [r for r in runs if r.holder == holder]
+            out.append(_finding(ctx, view, holder, mine))
+    return out
+
+
+def holders(view: GpuView, t: float) -> str:
+    names = sorted({tb.tenant for tb in view.tenants.get(t, ())})
+    return " and ".join(names) if names else NO_PROCESS
+
+
+def _idle(ctx: Context, view: GpuView, b: Bucket) -> bool:
+    return view.held(b, ctx.thresholds) and (b.util_max or 0.0) <= ctx.thresholds.idle_util_ratio
+
+
+def _runs(ctx: Context, view: GpuView) -> list[_Run]:
+    step = ctx.data.bucket_seconds
+    runs: list[_Run] = []
+    current: list[Bucket] = []
+    holder: str | None = None
+    for b in view.buckets:
+        who = holders(view, b.start)
+        contiguous = bool(current) and b.start - current[-1].start <= step
+        if _idle(ctx, view, b) and (not current or (who == holder and contiguous)):
+            current.append(b)
+            holder = who
+            continue
+        _close(ctx, current, holder, runs)
+        current, holder = ([b], who) if _idle(ctx, view, b) else ([], None)
+    _close(ctx, current, holder, runs)
+    return runs
+
+
+def _close(ctx: Context, buckets: list[Bucket], holder: str | None, runs: list[_Run]) -> None:
+    if not buckets or holder is None:
+        return
+    start, end = buckets[0].start, buckets[-1].start + ctx.data.bucket_seconds
+    if end - start < ctx.thresholds.idle_held_window_seconds:
+        return
+    memory = max(b.memory_bytes or 0.0 for b in buckets)
+    runs.append(_Run(start, end, holder, memory))
+
+
+def _finding(ctx: Context, view: GpuView, holder: str, runs: list[_Run]) -> Finding:
+    total = sum(r.end - r.start for r in runs)
+    longest = max(r.end - r.start for r in runs)
+    memory = max(r.memory_bytes for r in runs)
+    share = memory / view.memory_total_bytes
+    tenant = ctx.data.tenants.get(holder)
+    who = holder
+    if tenant is not None:
+        extra = [f"user {tenant.user}" if tenant.user else "", tenant.command[:80]]
+        who += " (" + ", ".join(x for x in extra if x) + ")"
+    evidence = [
+        f"{gpu_name(view)}: {memory / GIB:.1f} GiB ({share:.0%} of the device) held by {who} "
+        f"with no compute for {hours(total)} in {len(runs)} stretch"
+        + ("es" if len(runs) > 1 else "")
+        + f" (longest {hours(longest)})",
+        f"no interval of the {hours(total)} had utilization above "
+        f"{ctx.thresholds.idle_util_ratio:.0%}",
+    ]
+    if holder == NO_PROCESS:
+        evidence.append(
+            "no process was seen on the GPU while the memory was held: an orphaned allocation, "
+            "or a process in a PID namespace the agent cannot see"
+        )
+    active_before = _active_hours_before(ctx, view, holder, runs[0].start)
+    if active_before > 0:
+        evidence.append(f"the holder computed for {active_before:.1f} h before going idle")
+    return Finding(
+        kind="idle_held",
+        node=view.info.node,
+        gpu=view.info.gpu_index,
+        uuid=view.info.uuid,
+        start=runs[0].start,
+        end=runs[-1].end,
+        gpu_hours_lost=total / 3600.0,
+        evidence=tuple(evidence),
+        details=(
+            ("holder", holder),
+            ("user", tenant.user if tenant else None),
+            ("idle_held_seconds", total),
+            ("longest_seconds", longest),
+            ("stretches", len(runs)),
+            ("memory_bytes", int(memory)),
+        ),
+    )
+
+
+def _active_hours_before(ctx: Context, view: GpuView, holder: str, until: float) -> float:
+    busy = [
+        b
+        for b in view.buckets
+        if b.start < until
+        and holders(view, b.start) == holder
+        and (b.util_max or 0.0) > ctx.thresholds.idle_util_ratio
+    ]
+    return len(busy) * ctx.bucket_hours

@@ -1,0 +1,338 @@
+"""``noisy_neighbor``: co-located workloads where one measurably slows another.
+
+Two cases the telemetry can attribute:
+
+* **GPU co-tenants** (time-slicing or MPS): two tenants hold memory on one GPU at once. The
+  victim's throughput proxy is its own SM utilization from NVML's per-process samples. Its solo
+  level (before the aggressor arrived, or after it left) is compared with its level during the
+  overlap, the change point of its series must line up with the aggressor's arrival, and the two
+  tenants' series are correlated across the overlap (they trade time slices, so r < 0). When the
+  victim never ran alone, and the GPU was saturated, a time-sliced GPU gives every tenant the same
+  share: its slowdown is inferred from its co-tenant's measured one, and the evidence says so.
+* **Host CPU contention**: the node's CPUs saturate, because CPU outside the GPU jobs (or one
+  GPU job's cgroup) rose. Each GPU job on that node whose throughput proxy (power above idle, or
+  SM activity) dropped at the same time is a victim; the aggressor is whoever's CPU rose.
+
+A co-location with no measurable slowdown is consolidation, not a finding: two quiet notebooks
+sharing a GPU are not reported. Not covered (the agent does not record who uses them): NIC and
+PCIe contention, and shared power envelopes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from analyzer.changepoint import mean_shift
+from analyzer.classify import _pearson
+from analyzer.findings import Context, Finding, GpuView, gpu_name, hours
+from analyzer.load import Bucket, HostBucket
+
+BASELINE_SECONDS = 6 * 3600.0
+MIN_SOLO_LEVEL = 0.05  # a victim that barely computed alone cannot be slowed measurably
+OUTSIDE = "processes outside GPU jobs"
+
+
+@dataclass(frozen=True, slots=True)
+class _Overlap:
+    victim: str
+    aggressor: str
+    start: float
+    end: float  # exclusive
+
+
+def find(ctx: Context) -> list[Finding]:
+    out: list[Finding] = []
+    for view in ctx.views.values():
+        out += _co_tenants(ctx, view)
+    for node, host in sorted(ctx.data.hosts.items()):
+        out += _host_cpu(ctx, node, host)
+    return out
+
+
+# -- GPU co-tenants -------------------------------------------------------------------------------
+
+
+def _series(view: GpuView, tenant: str) -> dict[float, float]:
+    return {
+        t: tb.sm_util
+        for t, present in view.tenants.items()
+        for tb in present
+        if tb.tenant == tenant and tb.sm_util is not None
+    }
+
+
+def _overlaps(ctx: Context, view: GpuView) -> list[_Overlap]:
+    """Pairs of tenants present together, as maximal runs of buckets."""
+    step = ctx.data.bucket_seconds
+    runs: dict[tuple[str, str], list[list[float]]] = {}
+    for t in sorted(view.tenants):
+        names = sorted({tb.tenant for tb in view.tenants[t]})
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                spans = runs.setdefault((a, b), [])
+                if spans and t - spans[-1][1] <= step:
+                    spans[-1][1] = t
+                else:
+                    spans.append([t, t])
+    out = []
+    for (a, b), spans in sorted(runs.items()):
+        for start, last in spans:
+            end = last + step
+            if end - start >= ctx.thresholds.noisy_min_seconds:
+                out += [_Overlap(a, b, start, end), _Overlap(b, a, start, end)]
+    return out
+
+
+def _co_tenants(ctx: Context, view: GpuView) -> list[Finding]:
+    overlaps = _overlaps(ctx, view)
+    measured: dict[tuple[str, float], tuple[float, float, float]] = {}
+    for o in overlaps:
+        m = _measure(ctx, view, o)
+        if m is not None:
+            measured[(o.victim, o.start)] = m
+    out = []
+    for o in overlaps:
+        m = measured.get((o.victim, o.start))
+        inferred = False
+        if m is None:
+            other = measured.get((o.aggressor, o.start))
+            if other is None or not _saturated(view, o):
+                continue
+            m, inferred = other, True
+        slowdown, solo, during = m
+        if slowdown < ctx.thresholds.noisy_min_slowdown_ratio:
+            continue
+        out.append(_co_tenant_finding(ctx, view, o, slowdown, solo, during, inferred))
+    return out
+
+
+def _measure(ctx: Context, view: GpuView, o: _Overlap) -> tuple[float, float, float] | None:
+    """(slowdown, solo level, level during the overlap) of ``o.victim``, if it ran alone nearby
+    and the change in its series lines up with the overlap's start or end."""
+    mine = _series(view, o.victim)
+    alone = {t for t, present in view.tenants.items() if len(present) == 1}
+    solo = [
+        v
+        for t, v in mine.items()
+        if t in alone
+        and (o.start - BASELINE_SECONDS <= t < o.start or o.end <= t < o.end + BASELINE_SECONDS)
+    ]
+    during = [v for t, v in mine.items() if o.start <= t < o.end]
+    if len(solo) < 3 or len(during) < 3:
+        return None
+    solo_level, during_level = statistics.fmean(solo), statistics.fmean(during)
+    if solo_level < MIN_SOLO_LEVEL:
+        return None
+    if not _aligned(ctx, mine, o):
+        return None
+    return 1.0 - during_level / solo_level, solo_level, during_level
+
+
+def _aligned(ctx: Context, mine: dict[float, float], o: _Overlap) -> bool:
+    """The victim's own change point falls within a few buckets of the overlap's start (and its
+    level drops there) or of its end (and its level recovers there)."""
+    near = 3 * ctx.data.bucket_seconds
+    window = sorted(t for t in mine if o.start - BASELINE_SECONDS <= t < o.end + BASELINE_SECONDS)
+    shift = mean_shift([mine[t] for t in window], min_size=2)
+    if shift is None:
+        return False
+    at = window[shift.index]
+    dropped = shift.after < shift.before
+    return (abs(at - o.start) <= near and dropped) or (abs(at - o.end) <= near and not dropped)
+
+
+def _saturated(view: GpuView, o: _Overlap) -> bool:
+    util = [b.util for b in view.buckets if o.start <= b.start < o.end and b.util is not None]
+    return bool(util) and statistics.fmean(util) >= 0.9
+
+
+def _co_tenant_finding(
+    ctx: Context,
+    view: GpuView,
+    o: _Overlap,
+    slowdown: float,
+    solo: float,
+    during: float,
+    inferred: bool,
+) -> Finding:
+    mine, theirs = _series(view, o.victim), _series(view, o.aggressor)
+    keys = sorted(t for t in mine if t in theirs and o.start <= t < o.end)
+    r = _pearson([mine[k] for k in keys], [theirs[k] for k in keys]) if len(keys) > 3 else 0.0
+    util = [b.util for b in view.buckets if o.start <= b.start < o.end and b.util is not None]
+    evidence = [
+        f"{o.victim} and {o.aggressor} shared {gpu_name(view)} for {hours(o.end - o.start)}; "
+        f"the GPU read {statistics.fmean(util) if util else 0:.0%} utilization",
+    ]
+    if inferred:
+        evidence.append(
+            f"{o.victim} never ran alone nearby; on a saturated time-sliced GPU every tenant gets "
+            f"the same share, so its slowdown ({slowdown:.0%}) is its co-tenant's measured one"
+        )
+    else:
+        evidence.append(
+            f"{o.victim}'s own SM utilization fell from {solo:.0%} alone to {during:.0%} "
+            f"while sharing ({slowdown:.0%} slower), changing when {o.aggressor} arrived or left"
+        )
+    if len(keys) > 3:
+        evidence.append(f"their SM utilization moved against each other (r={r:.2f})")
+    return _finding(view, o, "gpu", slowdown, ctx, tuple(evidence), r)
+
+
+def _finding(
+    view: GpuView,
+    o: _Overlap,
+    resource: str,
+    slowdown: float,
+    ctx: Context,
+    evidence: tuple[str, ...],
+    r: float | None,
+) -> Finding:
+    for b in view.buckets:
+        if o.start <= b.start < o.end:
+            ctx.explained.add((view.info.uuid, b.start))
+    return Finding(
+        kind="noisy_neighbor",
+        node=view.info.node,
+        gpu=view.info.gpu_index,
+        uuid=view.info.uuid,
+        start=o.start,
+        end=o.end,
+        gpu_hours_lost=slowdown * (o.end - o.start) / 3600.0,
+        evidence=evidence,
+        details=(
+            ("victim", o.victim),
+            ("aggressor", o.aggressor),
+            ("resource", resource),
+            ("slowdown_ratio", slowdown),
+            ("correlation", r),
+        ),
+    )
+
+
+# -- host CPU contention --------------------------------------------------------------------------
+
+
+def _host_cpu(ctx: Context, node: str, host: tuple[HostBucket, ...]) -> list[Finding]:
+    th = ctx.thresholds
+    step = ctx.data.bucket_seconds
+    out: list[Finding] = []
+    for start, end in _saturated_runs(host, th.host_cpu_saturated_ratio, step):
+        if end - start < th.noisy_min_seconds:
+            continue
+        aggressor, rise = _cpu_aggressor(ctx, node, host, start, end)
+        for view in sorted(
+            (v for v in ctx.views.values() if v.info.node == node), key=lambda v: v.info.gpu_index
+        ):
+            finding = _cpu_victim(ctx, view, start, end, aggressor, rise)
+            if finding is not None:
+                out.append(finding)
+    return out
+
+
+def _saturated_runs(
+    host: tuple[HostBucket, ...], level: float, step: int
+) -> list[tuple[float, float]]:
+    runs: list[list[float]] = []
+    for h in host:
+        if (h.cpu_busy_ratio or 0.0) < level:
+            continue
+        if runs and h.start - runs[-1][1] <= step:
+            runs[-1][1] = h.start
+        else:
+            runs.append([h.start, h.start])
+    return [(a, b + step) for a, b in runs]
+
+
+def _cpu_by_owner(
+    ctx: Context, node: str, host: tuple[HostBucket, ...]
+) -> dict[str, dict[float, float]]:
+    """Cores used per GPU tenant (its cgroup) and by everything else on the node, per bucket."""
+    owners: dict[str, dict[float, float]] = {}
+    by_cgroup = {t.cgroup: t.name for t in ctx.data.tenants.values() if t.cgroup}
+    for (n, cgroup), buckets in ctx.data.cgroups.items():
+        if n != node:
+            continue
+        name = by_cgroup.get(cgroup, cgroup)
+        series = owners.setdefault(name, {})
+        for cb in buckets:
+            series[cb.start] = series.get(cb.start, 0.0) + (cb.cpu_cores or 0.0)
+    outside: dict[float, float] = {}
+    for h in host:
+        if h.cpu_busy_ratio is None or not h.cpu_count:
+            continue
+        used = h.cpu_busy_ratio * h.cpu_count
+        jobs = sum(series.get(h.start, 0.0) for series in owners.values())
+        outside[h.start] = max(used - jobs, 0.0)
+    owners[OUTSIDE] = outside
+    return owners
+
+
+def _cpu_aggressor(
+    ctx: Context, node: str, host: tuple[HostBucket, ...], start: float, end: float
+) -> tuple[str, float]:
+    """Whoever's CPU rose most from before the saturation to during it, and by how many cores."""
+    best = (OUTSIDE, 0.0)
+    for owner, series in sorted(_cpu_by_owner(ctx, node, host).items()):
+        before = [v for t, v in series.items() if start - BASELINE_SECONDS <= t < start]
+        during = [v for t, v in series.items() if start <= t < end]
+        if not before or not during:
+            continue
+        rise = statistics.fmean(during) - statistics.fmean(before)
+        if rise > best[1]:
+            best = (owner, rise)
+    return best
+
+
+def _throughput(ctx: Context, view: GpuView, b: Bucket) -> float | None:
+    """Work done in a bucket: SM activity when reported, else power above idle."""
+    if b.sm_active is not None:
+        return b.sm_active
+    if b.power_watts is None:
+        return None
+    return max(b.power_watts - ctx.idle_watts.get(view.info.uuid, 0.0), 0.0)
+
+
+def _cpu_victim(
+    ctx: Context, view: GpuView, start: float, end: float, aggressor: str, rise: float
+) -> Finding | None:
+    th = ctx.thresholds
+    victim = view.main_tenant(start)
+    if victim is None or victim == aggressor:
+        return None
+    before = [
+        (b.start, _throughput(ctx, view, b))
+        for b in view.buckets
+        if start - BASELINE_SECONDS <= b.start < start and view.main_tenant(b.start) == victim
+    ]
+    during = [
+        (b.start, _throughput(ctx, view, b))
+        for b in view.buckets
+        if start <= b.start < end and view.main_tenant(b.start) == victim
+    ]
+    solo = [v for _, v in before if v is not None]
+    slowed = [v for _, v in during if v is not None]
+    if len(solo) < 3 or len(slowed) < 3 or statistics.fmean(solo) <= 0:
+        return None
+    slowdown = 1.0 - statistics.fmean(slowed) / statistics.fmean(solo)
+    if slowdown < th.noisy_min_slowdown_ratio:
+        return None
+    series = [v for _, v in before + during if v is not None]
+    shift = mean_shift(series, min_size=2)
+    step = ctx.data.bucket_seconds
+    times = [t for t, v in before + during if v is not None]
+    if shift is None or abs(times[shift.index] - start) > 3 * step:
+        return None
+    o = _Overlap(victim, aggressor, start, end)
+    cpu = [
+        h.cpu_busy_ratio
+        for h in ctx.data.hosts.get(view.info.node, ())
+        if start <= h.start < end and h.cpu_busy_ratio is not None
+    ]
+    evidence = (
+        f"{view.info.node}'s CPUs were {statistics.fmean(cpu):.0%} busy for {hours(end - start)}; "
+        f"{aggressor} used {rise:.0f} more cores than in the 6 h before",
+        f"{victim} on {gpu_name(view)} did {slowdown:.0%} less work while it lasted "
+        f"(its throughput proxy changed at the saturation's onset)",
+    )
+    return _finding(view, o, "cpu", slowdown, ctx, evidence, None)

@@ -1,0 +1,367 @@
+"""``starved``: GPUs that a training (or batch) workload holds but cannot keep fed.
+
+Utilization is a duty cycle: a rank blocked in an all-reduce reads 100%. Waiting is therefore
+measured from power, relative to what the same job draws when it is fed:
+
+* ``k``, a job's *fed power per unit of utilization*, is the 75th percentile over its busy
+  intervals of ``(power - idle power) / utilization``, taken on the job's best GPU (ranks that
+  wait less set the bar for the ones that wait more). The 75th percentile, not the median, so a
+  job that waits for up to three quarters of the window is still measured against its fed self;
+* the share of an interval spent waiting is ``1 - (power - idle power) / k``: a GPU idling on
+  its input pipeline draws little *and* reads low utilization; a rank waiting in a collective
+  reads ~100% utilization but draws little; both come out as waiting;
+* clock throttling (power or thermal limits in the clock-event reasons) loses
+  ``1 - clock / the job's best clock`` on top.
+
+Each waiting interval gets a cause, from the evidence in that interval:
+
+==================  =====================================================================
+``throttled``       the clock loss dominates, and the clock-event reasons name a limit
+``communication``   utilization stays high while power falls (waiting in a collective), or
+                    the GPU idles while its peers wait in a collective (the checkpoint writer)
+``network``         as ``communication``, while the node's InfiniBand traffic surges
+``input_cpu``       the GPU is seen idle while the job's cgroup (or the host) has no CPU left
+``input_io``        the GPU is seen idle under iowait or I/O pressure
+``unknown``         the GPU waits and none of the above holds
+==================  =====================================================================
+
+One finding per GPU sums its lost GPU-hours, ranks the causes by cost, and names a straggler when
+one rank of the job draws markedly more power than the others while they wait
+(:func:`analyzer.changepoint.find_straggler`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+from analyzer.changepoint import Straggler, find_straggler
+from analyzer.findings import Context, Finding, GpuView, gpu_name
+from analyzer.load import Bucket, CgroupBucket, HostBucket
+
+NOISE = 0.05  # waiting below this share of an interval is measurement noise
+CLASSES = ("training", "batch")
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    view: GpuView
+    buckets: tuple[Bucket, ...]
+
+
+@dataclass(slots=True)
+class _Job:
+    name: str
+    members: list[_Member]
+    k_ref: float | None = None
+    clock_ref: float | None = None
+    straggler: Straggler | None = None
+    straggler_since: float | None = None
+    nodes: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Loss:
+    start: float
+    lost: float  # share of the interval spent waiting (0..1)
+    cause: str
+    util: float | None
+    power_share: float | None  # power above idle relative to the fed level
+
+
+def find(ctx: Context) -> list[Finding]:
+    """Starved GPUs whose waiting passes the thresholds."""
+    return [f for f, above in _evaluate(ctx) if above]
+
+
+def measure(ctx: Context) -> list[Finding]:
+    """Every training or batch GPU's waiting, below the thresholds too (for the live gauges)."""
+    return [f for f, _ in _evaluate(ctx)]
+
+
+def _evaluate(ctx: Context) -> list[tuple[Finding, bool]]:
+    out = []
+    for job in _jobs(ctx):
+        _references(ctx, job)
+        comm_waits = _comm_waits(ctx, job)
+        for member in job.members:
+            losses = [_loss(ctx, job, member, b, comm_waits) for b in member.buckets]
+            out.append(_finding(ctx, job, member, [x for x in losses if x is not None]))
+    return out
+
+
+# -- jobs and references --------------------------------------------------------------------------
+
+
+def _jobs(ctx: Context) -> list[_Job]:
+    """Held training and batch intervals, grouped by the tenant that held them (a Slurm job, a
+    pod...), else per GPU."""
+    groups: dict[str, dict[str, list[Bucket]]] = {}
+    for uuid, view in sorted(ctx.views.items()):
+        for b in view.buckets:
+            if not view.held(b, ctx.thresholds) or view.class_at(b.start) not in CLASSES:
+                continue
+            name = view.main_tenant(b.start) or f"the workload on {gpu_name(view)}"
+            groups.setdefault(name, {}).setdefault(uuid, []).append(b)
+    jobs = []
+    for name, by_gpu in sorted(groups.items()):
+        members = [_Member(ctx.views[u], tuple(bs)) for u, bs in sorted(by_gpu.items())]
+        nodes = len({m.view.info.node for m in members})
+        jobs.append(_Job(name, members, nodes=nodes))
+    return jobs
+
+
+def _references(ctx: Context, job: _Job) -> None:
+    ks, clocks = [], []
+    for m in job.members:
+        idle = ctx.idle_watts.get(m.view.info.uuid, 0.0)
+        mine = [
+            (b.power_watts - idle) / b.util
+            for b in m.buckets
+            if b.power_watts is not None and b.util is not None and b.util >= 0.5
+        ]
+        if len(mine) >= 3:
+            ks.append(statistics.quantiles(mine, n=4)[2])  # the 75th percentile
+        clocks += [b.sm_clock_hertz for b in m.buckets if b.sm_clock_hertz]
+    job.k_ref = max(ks) if ks else None
+    job.clock_ref = max(clocks) if clocks else None
+    if len(job.members) >= 3:
+        _straggler(ctx, job)
+
+
+def _straggler(ctx: Context, job: _Job) -> None:
+    times = sorted({b.start for m in job.members for b in m.buckets})
+    series: dict[str, list[float | None]] = {}
+    for m in job.members:
+        idle = ctx.idle_watts.get(m.view.info.uuid, 0.0)
+        power = {b.start: b.power_watts for b in m.buckets}
+        series[gpu_name(m.view)] = [
+            max(p - idle, 0.0) if (p := power.get(t)) is not None else None for t in times
+        ]
+    found = find_straggler(series, min_excess=0.15, min_size=6)
+    if found is not None:
+        job.straggler = found
+        kept = [t for t in times if sum(1 for s in series.values() if s[times.index(t)]) >= 3]
+        job.straggler_since = kept[found.start] if found.start < len(kept) else None
+
+
+# -- per interval ---------------------------------------------------------------------------------
+
+
+def _comm_waits(ctx: Context, job: _Job) -> Counter[float]:
+    """Per interval, how many of the job's GPUs wait at high utilization (in a collective)."""
+    th = ctx.thresholds
+    waits: Counter[float] = Counter()
+    for m in job.members:
+        for b in m.buckets:
+            share = _power_share(ctx, job, m.view, b)
+            busy = b.util is not None and b.util >= th.collective_util_ratio
+            if busy and share is not None and 1.0 - share >= 0.25:
+                waits[b.start] += 1
+    return waits
+
+
+def _power_share(ctx: Context, job: _Job, view: GpuView, b: Bucket) -> float | None:
+    if b.power_watts is None or not job.k_ref or b.util is None:
+        return None
+    idle = ctx.idle_watts.get(view.info.uuid, 0.0)
+    return max(b.power_watts - idle, 0.0) / job.k_ref
+
+
+def _loss(
+    ctx: Context, job: _Job, m: _Member, b: Bucket, comm_waits: Counter[float]
+) -> _Loss | None:
+    th = ctx.thresholds
+    if (m.view.info.uuid, b.start) in ctx.explained or b.util is None:
+        return None
+    share = _power_share(ctx, job, m.view, b)
+    wait = 1.0 - b.util if share is None else 1.0 - share
+    wait = min(max(wait, 0.0), 1.0)
+    clock_loss = 0.0
+    throttled = (b.throttled_ratio or 0.0) >= th.throttled_samples_ratio
+    if throttled and b.sm_clock_hertz and job.clock_ref:
+        clock_loss = max(1.0 - b.sm_clock_hertz / job.clock_ref, 0.0)
+    lost = 1.0 - (1.0 - wait) * (1.0 - clock_loss)
+    if lost < NOISE:
+        return None
+    if clock_loss >= wait:
+        cause = "throttled"
+    elif b.util >= th.collective_util_ratio:
+        cause = "network" if _ib_surge(ctx, m.view.info.node, b.start) else "communication"
+    else:
+        cause = _input_cause(ctx, job, m, b, comm_waits)
+    return _Loss(b.start, lost, cause, b.util, share)
+
+
+def _input_cause(ctx: Context, job: _Job, m: _Member, b: Bucket, comm_waits: Counter[float]) -> str:
+    th = ctx.thresholds
+    seen_idle = b.util_min is not None and b.util_min <= th.input_idle_util_ratio
+    peers_waiting = comm_waits.get(b.start, 0) >= max(1, len(job.members) // 2)
+    if peers_waiting:
+        return "communication"  # the rank the others wait for (a checkpoint writer)
+    if seen_idle:
+        cg = _cgroup_at(ctx, m, b.start)
+        cores = cg.cpu_cores if cg is not None else None
+        limit = cg.cpu_limit_cores if cg is not None else None
+        if cores is not None and limit and cores >= th.cpu_saturated_ratio * limit:
+            return "input_cpu"
+        host = _host_at(ctx, m.view.info.node, b.start)
+        if host is not None:
+            if (host.cpu_busy_ratio or 0.0) >= th.cpu_saturated_ratio:
+                return "input_cpu"
+            if (host.cpu_iowait_ratio or 0.0) >= th.io_wait_ratio or (
+                host.psi_io_some_ratio or 0.0
+            ) >= th.io_pressure_ratio:
+                return "input_io"
+        if job.nodes > 1 and _ib_surge(ctx, m.view.info.node, b.start):
+            return "network"
+    return "unknown"
+
+
+def _cgroup_at(ctx: Context, m: _Member, t: float) -> CgroupBucket | None:
+    tenant = ctx.data.tenants.get(m.view.main_tenant(t) or "")
+    if tenant is None or tenant.cgroup is None:
+        return None
+    for cb in ctx.data.cgroups.get((m.view.info.node, tenant.cgroup), ()):
+        if cb.start == t:
+            return cb
+    return None
+
+
+def _host_at(ctx: Context, node: str, t: float) -> HostBucket | None:
+    for h in ctx.data.hosts.get(node, ()):
+        if h.start == t:
+            return h
+    return None
+
+
+def _ib_surge(ctx: Context, node: str, t: float) -> bool:
+    """The node's busiest InfiniBand port carries at least twice its median traffic."""
+    host = ctx.data.hosts.get(node, ())
+    rates = [h.ib_bytes_per_second for h in host if h.ib_bytes_per_second]
+    now = _host_at(ctx, node, t)
+    if not rates or now is None or not now.ib_bytes_per_second:
+        return False
+    return now.ib_bytes_per_second >= 2.0 * statistics.median(rates)
+
+
+# -- the finding ----------------------------------------------------------------------------------
+
+
+def _finding(ctx: Context, job: _Job, m: _Member, losses: list[_Loss]) -> tuple[Finding, bool]:
+    """The GPU's finding, and whether it passes the thresholds."""
+    th = ctx.thresholds
+    view = m.view
+    held_hours = len(m.buckets) * ctx.bucket_hours
+    lost_hours = sum(x.lost for x in losses) * ctx.bucket_hours
+    ratio = lost_hours / held_hours
+    batch = view.class_at(m.buckets[0].start) == "batch"
+    above = (
+        ratio >= (th.starved_min_ratio_batch if batch else th.starved_min_ratio)
+        and lost_hours >= th.starved_min_gpu_hours
+    )
+    by_cause: dict[str, float] = {}
+    for x in losses:
+        by_cause[x.cause] = by_cause.get(x.cause, 0.0) + x.lost * ctx.bucket_hours
+    ranked = sorted(by_cause.items(), key=lambda kv: (-kv[1], kv[0]))
+    cause = ranked[0][0] if ranked else "none"
+    if cause == "unknown" and len(ranked) > 1 and ranked[1][1] >= 0.5 * ranked[0][1]:
+        cause = ranked[1][0]  # evidence for a named cause beats "cannot tell" when close
+    evidence = [
+        f"{job.name} on {gpu_name(view)} waited {ratio:.0%} of {held_hours:.1f} held hours: "
+        f"{lost_hours:.1f} GPU-hours lost",
+        "by cause: " + ", ".join(f"{c} {h:.1f} GPU-h" for c, h in ranked),
+        *_cause_evidence(ctx, job, m, losses, cause),
+    ]
+    details: list[tuple[str, object]] = [
+        ("cause", cause),
+        ("job", job.name),
+        ("waiting_ratio", ratio),
+        ("causes", {c: round(h, 2) for c, h in ranked}),
+    ]
+    if job.straggler is not None:
+        details.append(("straggler", job.straggler.worker))
+    first = losses[0].start if losses else m.buckets[0].start
+    last = losses[-1].start if losses else m.buckets[-1].start
+    finding = Finding(
+        kind="starved",
+        node=view.info.node,
+        gpu=view.info.gpu_index,
+        uuid=view.info.uuid,
+        start=first,
+        end=last + ctx.data.bucket_seconds,
+        gpu_hours_lost=lost_hours,
+        evidence=tuple(evidence),
+        details=tuple(details),
+    )
+    return finding, above
+
+
+def _cause_evidence(
+    ctx: Context, job: _Job, m: _Member, losses: list[_Loss], cause: str
+) -> list[str]:
+    mine = [x for x in losses if x.cause == cause]
+    util = statistics.fmean(x.util for x in mine if x.util is not None) if mine else 0.0
+    shares = [x.power_share for x in mine if x.power_share is not None]
+    power = f"{statistics.fmean(shares):.0%} of its fed level" if shares else "not reported"
+    out = []
+    if cause in ("communication", "network"):
+        out.append(
+            f"while waiting, utilization read {util:.0%} but power was {power}: "
+            "ranks blocked in a collective"
+        )
+        periodic = _period_minutes(mine, ctx.data.bucket_seconds)
+        if periodic is not None:
+            out.append(f"the waits recur every ~{periodic:.0f} min (checkpoints)")
+    elif cause == "throttled":
+        out.append(
+            "clock-event reasons report power or thermal limits; clocks below the job's best"
+        )
+    elif cause == "input_cpu":
+        cg = [c for x in mine if (c := _cgroup_at(ctx, m, x.start)) is not None]
+        cores = [c.cpu_cores for c in cg if c.cpu_cores is not None]
+        limit = max((c.cpu_limit_cores or 0.0) for c in cg) if cg else 0.0
+        if cores and limit:
+            out.append(
+                f"the job's cgroup used {statistics.fmean(cores):.1f} of its {limit:.0f} CPU cores "
+                f"while the GPU idled (utilization {util:.0%})"
+            )
+        else:
+            out.append(f"the host's CPUs were saturated while the GPU idled ({util:.0%})")
+    elif cause == "input_io":
+        out.append(f"the GPU idled ({util:.0%}) under iowait or I/O pressure on the host")
+    else:
+        out.append(
+            f"the GPU waited (utilization {util:.0%}, power {power}) with no CPU, I/O or "
+            "network evidence to name a cause"
+        )
+    if job.straggler is not None and job.straggler_since is not None:
+        s = job.straggler
+        out.append(
+            f"{s.worker} drew {s.factor - 1:.0%} more power than the job's median from "
+            f"{_clock(job.straggler_since)}: the straggler the others wait for"
+        )
+    return out
+
+
+def _period_minutes(losses: list[_Loss], bucket_seconds: int) -> float | None:
+    """The typical gap between runs of waiting intervals, when they recur regularly."""
+    starts = []
+    previous = None
+    for x in losses:
+        if x.lost >= 0.3 and (previous is None or x.start - previous > bucket_seconds):
+            starts.append(x.start)
+        previous = x.start if x.lost >= 0.3 else previous
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    if len(gaps) < 3:
+        return None
+    median = statistics.median(gaps)
+    regular = sum(1 for g in gaps if abs(g - median) <= bucket_seconds) / len(gaps)
+    return median / 60.0 if regular >= 0.6 else None
+
+
+def _clock(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%MZ")

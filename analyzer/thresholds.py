@@ -1,0 +1,104 @@
+"""Every threshold the findings use, in one typed object, with where its default comes from.
+
+Users override any of them in the config file's ``[thresholds]`` table (``aiscope analyze
+--config FILE``, and the agent's trailing analysis reads the same file)::
+
+    [thresholds]
+    idle_held_window_seconds = 7200
+    starved_min_ratio = 0.10
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analyzer.load import InputError
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Defaults that real clusters have lived with; each field says where its value comes from."""
+
+    #: A GPU "computes" when its utilization exceeds this. Princeton's Job Defense Shield
+    #: (the Jobstats platform) counts GPU-hours at 0% utilization and cancels jobs that sit there
+    #: for about two hours; NVML rounds a few stray kernels to 1-3%, so 5% is "nothing".
+    idle_util_ratio: float = 0.05
+    #: GPU memory above this share of the device means "held" (a CUDA context alone is ~0.5%).
+    held_memory_ratio: float = 0.02
+    #: How long a GPU must be held without compute to be ``idle_held`` (the issue's 1 h; Job
+    #: Defense Shield's cancel rule waits about 2 h at 0%).
+    idle_held_window_seconds: float = 3600.0
+
+    #: Starved: the share of a training GPU's held time spent waiting before it is a finding.
+    #: Checkpoint stalls of 3 minutes every 45 cost ~6%; a well-fed job stays under ~3%.
+    starved_min_ratio: float = 0.04
+    #: Batch work has gaps between shards by design; it must wait longer to count as starved.
+    starved_min_ratio_batch: float = 0.20
+    #: Starved findings smaller than this many GPU-hours are noise, not a finding.
+    starved_min_gpu_hours: float = 0.05
+    #: Input-bound: the GPU is idle (utilization under this) while the job waits for data.
+    #: SageMaker Debugger's CPUBottleneck rule calls a GPU under-utilized below 10%.
+    input_idle_util_ratio: float = 0.10
+    #: CPU-bound: the job's cgroup uses this share of its CPU limit, or the host is this busy.
+    #: SageMaker Debugger's CPUBottleneck rule: CPU above 90% in more than 50% of the samples.
+    cpu_saturated_ratio: float = 0.90
+    #: IO-bound: iowait of all CPUs, or PSI io "some", at or above this (PSI "some" above 10-20%
+    #: is where the kernel's PSI documentation and Facebook's oomd start treating I/O as a
+    #: bottleneck).
+    io_wait_ratio: float = 0.10
+    io_pressure_ratio: float = 0.20
+    #: Waiting in a collective: utilization at least this high while drawing low power.
+    collective_util_ratio: float = 0.85
+    #: Throttled: clock-event reasons report a power or thermal limit in this share of samples.
+    throttled_samples_ratio: float = 0.50
+
+    #: Noisy neighbour: the victim's throughput must fall at least this much (a co-location study
+    #: counted pairs below 0.9x solo speed as interfering; two time-shared LM jobs lost ~19%).
+    noisy_min_slowdown_ratio: float = 0.10
+    #: ... and stay down for at least this long.
+    noisy_min_seconds: float = 1800.0
+    #: A host counts as CPU-saturated by a neighbour above this busy ratio.
+    host_cpu_saturated_ratio: float = 0.92
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_ratio") and not 0.0 <= value <= 1.0:
+                raise InputError(f"thresholds.{f.name}: must be between 0 and 1, got {value}")
+            if f.name.endswith(("_seconds", "_gpu_hours")) and value < 0:
+                raise InputError(f"thresholds.{f.name}: must not be negative, got {value}")
+
+
+def from_mapping(raw: dict[str, Any], where: str = "thresholds") -> Thresholds:
+    """Defaults overridden by ``raw``; unknown keys and non-numbers are one-line errors."""
+    known = {f.name for f in dataclasses.fields(Thresholds)}
+    values: dict[str, float] = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise InputError(
+                f"{where}.{key}: unknown threshold (known: {', '.join(sorted(known))})"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(f"{where}.{key}: must be a number, got {value!r}")
+        values[key] = float(value)
+    return Thresholds(**values)
+
+
+def from_file(path: Path | None) -> Thresholds:
+    """The ``[thresholds]`` table of a TOML config file (defaults when ``path`` is ``None``)."""
+    if path is None:
+        return Thresholds()
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"--config {path}: cannot read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"--config {path}: not valid TOML ({exc})") from None
+    table = data.get("thresholds", {})
+    if not isinstance(table, dict):
+        raise InputError(f"--config {path}: [thresholds] must be a table")
+    return from_mapping(table, where=f"{path}: thresholds")
