@@ -45,6 +45,7 @@ class AgentConfig:
     flush_interval: float = 10.0
     rollup_interval: float = 300.0
     prune_interval: float = 3600.0
+    dcgm_compat: bool = False
     analysis_interval: float = 300.0
     analysis_window: float = 10800.0
     buffer_rows: int = 100_000
@@ -86,6 +87,17 @@ def _positive_int(value: Any) -> int:
     return int(number)
 
 
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT`` or ``[IPv6]:PORT``. The host must be explicit (no bare ``:9835``)."""
     text = str(value).strip()
@@ -105,6 +117,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "flush_interval": _positive_float,
     "rollup_interval": _positive_float,
     "prune_interval": _positive_float,
+    "dcgm_compat": _boolean,
     "analysis_interval": _positive_float,
     "analysis_window": _positive_float,
     "buffer_rows": _positive_int,

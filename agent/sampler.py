@@ -86,6 +86,7 @@ class Snapshot:
     last_tick_seconds: float | None = None
     nvml_errors: tuple[tuple[str, int], ...] = ()
     xid_events: tuple[tuple[str, int], ...] = ()
+    last_xid: tuple[tuple[str, int], ...] = ()  # uuid -> the last XID code seen
     gpu_lost_events: tuple[tuple[str, int], ...] = ()
 
 
@@ -103,6 +104,7 @@ class _Counters:
     ticks: int = 0
     gpu_samples: int = 0
     xid: Counter[str] = field(default_factory=Counter)
+    last_xid: dict[str, int] = field(default_factory=dict)
     lost: Counter[str] = field(default_factory=Counter)
 
 
@@ -214,6 +216,7 @@ class Sampler:
                 last_tick_seconds=time.perf_counter() - started,
                 nvml_errors=tuple(sorted(self._nvml.errors.items())),
                 xid_events=tuple(sorted(self._counters.xid.items())),
+                last_xid=tuple(sorted(self._counters.last_xid.items())),
                 gpu_lost_events=tuple(sorted(self._counters.lost.items())),
             )
 
@@ -388,6 +391,7 @@ class Sampler:
         self._event(self._clock(), "xid", event.uuid, f"XID {event.code}", code=event.code)
         with self._lock:
             self._counters.xid[event.uuid or "unknown"] += 1
+            self._counters.last_xid[event.uuid or "unknown"] = event.code
 
     def _event(
         self, now: float, kind: str, uuid: str | None, detail: str, code: int | None = None

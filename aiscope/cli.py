@@ -107,6 +107,14 @@ def agent_run(
     config: Annotated[
         Path | None, typer.Option(help="TOML file with an [agent] table ($AISCOPE_CONFIG).")
     ] = None,
+    dcgm_compat: Annotated[
+        bool | None,
+        typer.Option(
+            "--dcgm-compat/--no-dcgm-compat",
+            help="Also export dcgm-exporter's series (DCGM_FI_DEV_GPU_UTIL, ...) for "
+            "existing dashboards.",
+        ),
+    ] = None,
     virtual_gpus: Annotated[
         int | None,
         typer.Option(
@@ -141,6 +149,7 @@ def agent_run(
       aiscope agent run --store /var/lib/aiscope --listen 0.0.0.0:9835
       aiscope agent run --virtual-gpus 8 --store /tmp/demo.duckdb --duration 60
       aiscope agent run --simulate demo --node gpu-node-03 --duration 120
+      aiscope agent run --virtual-gpus 4 --dcgm-compat --duration 30
       AISCOPE_INTERVAL=0.5 aiscope agent run --config /etc/aiscope/agent.toml
     """
     from agent.config import ConfigError, load_config  # noqa: PLC0415
@@ -153,6 +162,7 @@ def agent_run(
         "flush_interval": flush_interval,
         "node": node,
         "duration": duration,
+        "dcgm_compat": dcgm_compat,
     }
     try:
         cfg = load_config(flags, config_file=config)

@@ -19,6 +19,7 @@ from agent.config import AgentConfig
 from agent.exporter import (
     AgentCollector,
     AnalysisSink,
+    DcgmCompatCollector,
     GpuAnalysisSeries,
     build_registry,
     serve,
@@ -29,7 +30,7 @@ from agent.sampler import Sampler
 from agent.service import Agent
 from agent.store import Store, StoreError, connect_read_only, table_summary
 from aiscope import __version__
-from analyzer.load import InputError
+from analyzer.load import EmptyStore, InputError
 from analyzer.thresholds import Thresholds
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,10 @@ def build_agent(
     )
     collector = AgentCollector(sampler.snapshot, store.stats, __version__)
     sink = AnalysisSink(config.analysis_window)
-    registry = build_registry([collector, sink])
+    collectors: list[Any] = [collector, sink]
+    if config.dcgm_compat:
+        collectors.append(DcgmCompatCollector(sampler.snapshot))
+    registry = build_registry(collectors)
     analysis = TrailingAnalysis(store, config.analysis_window, thresholds or Thresholds(), sink)
     return Agent(
         config=config,
@@ -107,6 +111,8 @@ class TrailingAnalysis:
                 if not self.store.path.exists():
                     return
                 results = trailing(self.store.path, self.window_seconds, self.thresholds)
+        except EmptyStore:
+            results = []  # nothing sampled yet (or no GPU at all): nothing to analyze
         except (InputError, StoreError) as exc:
             if not self._failing:  # logged once per failing streak
                 log.warning("trailing analysis failed: %s", exc)

@@ -88,4 +88,36 @@ def render_text(doc: dict[str, Any]) -> str:
     for g in doc["gpus"]:
         counts[g["class"]] = counts.get(g["class"], 0) + 1
     lines += ["", "GPUs by class: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
+    lines += _findings_text(doc["findings"])
     return "\n".join(lines)
+
+
+def _findings_text(findings: list[dict[str, Any]]) -> list[str]:
+    if not findings:
+        return ["", "no findings"]
+    total: dict[str, float] = {}
+    for f in findings:
+        total[f["kind"]] = total.get(f["kind"], 0.0) + f["gpu_hours_lost"]
+    lines = [
+        "",
+        f"findings: {len(findings)}, costliest first ("
+        + ", ".join(f"{k} {v:.1f} GPU-h" for k, v in sorted(total.items()))
+        + ")",
+    ]
+    header = f"{'kind':<15} {'node/gpu':<18} {'GPU-h':>7}  what"
+    lines += [header, "-" * len(header)]
+    for f in findings:
+        what = _what(f)
+        where = f"{f['node']}/{f['gpu']}"
+        lines.append(f"{f['kind']:<15} {where:<18} {f['gpu_hours_lost']:>7.1f}  {what}")
+    return lines
+
+
+def _what(f: dict[str, Any]) -> str:
+    if f["kind"] == "starved":
+        return f"{f['cause']} ({f['job']}, waiting {f['waiting_ratio']:.0%})"
+    if f["kind"] == "noisy_neighbor":
+        return (
+            f"{f['victim']} slowed {f['slowdown_ratio']:.0%} by {f['aggressor']} ({f['resource']})"
+        )
+    return f"held by {f['holder']} for {f['idle_held_seconds'] / 3600:.1f} h"

@@ -33,6 +33,10 @@ def find(ctx: Context) -> list[Finding]:
     out = []
     for view in ctx.views.values():
         runs = _runs(ctx, view)
+        for r in runs:  # held with no compute is not also starvation
+            ctx.explained.update(
+                (view.info.uuid, b.start) for b in view.buckets if r.start <= b.start < r.end
+            )
         for holder in sorted({r.holder for r in runs}):
             mine = [r for r in runs if r.holder == holder]
             out.append(_finding(ctx, view, holder, mine))

@@ -33,6 +33,10 @@ class InputError(ValueError):
     """Bad input to the analyzer (no such store, not a store, bad window): exit code 2."""
 
 
+class EmptyStore(InputError):
+    """The store has no GPU samples yet (an agent that just started, or one without a driver)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Bucket:
     """One GPU over one bucket: means unless named otherwise; ``None`` when not reported."""
@@ -196,7 +200,7 @@ def load(
         con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, 'gpu_samples')}")
         row = con.execute("SELECT min(ts), max(ts) FROM g").fetchone()
         if row is None or row[1] is None:
-            raise InputError(f"{paths[0]}: the store has no GPU samples yet")
+            raise EmptyStore(f"{paths[0]}: the store has no GPU samples yet")
         end = float(row[1])
         # An old or short capture still analyzes: the window ends at its newest sample and
         # starts no earlier than its first.

@@ -4,9 +4,9 @@ Utilization is a duty cycle: a rank blocked in an all-reduce reads 100%. Waiting
 measured from power, relative to what the same job draws when it is fed:
 
 * ``k``, a job's *fed power per unit of utilization*, is the 75th percentile over its busy
-  intervals of ``(power - idle power) / utilization``, taken on the job's best GPU (ranks that
-  wait less set the bar for the ones that wait more). The 75th percentile, not the median, so a
-  job that waits for up to three quarters of the window is still measured against its fed self;
+  intervals of ``(power - idle power) / utilization`` (not the median, so a job that waits for
+  up to three quarters of the window is still measured against its fed self), on the job's
+  typical GPU; when one rank straggles, on the straggler, since the others wait for it;
 * the share of an interval spent waiting is ``1 - (power - idle power) / k``: a GPU idling on
   its input pipeline draws little *and* reads low utilization; a rank waiting in a collective
   reads ~100% utilization but draws little; both come out as waiting;
@@ -44,6 +44,9 @@ from analyzer.load import Bucket, CgroupBucket, HostBucket
 
 NOISE = 0.05  # waiting below this share of an interval is measurement noise
 CLASSES = ("training", "batch")
+#: A GPU classified otherwise (a CPU-starved job can read like a lightly loaded server) is still
+#: starved when direct evidence names the cause: its cgroup's CPU, or I/O pressure.
+EVIDENCED = ("input_cpu", "input_io")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +81,13 @@ def find(ctx: Context) -> list[Finding]:
 
 
 def measure(ctx: Context) -> list[Finding]:
-    """Every training or batch GPU's waiting, below the thresholds too (for the live gauges)."""
-    return [f for f, _ in _evaluate(ctx)]
+    """Every training or batch GPU's waiting, below the thresholds too (for the live gauges),
+    and other GPUs that are starved by the evidence."""
+    return [
+        f
+        for f, above in _evaluate(ctx)
+        if above or f.detail("class") in CLASSES
+    ]
 
 
 def _evaluate(ctx: Context) -> list[tuple[Finding, bool]]:
@@ -102,7 +110,7 @@ def _jobs(ctx: Context) -> list[_Job]:
     groups: dict[str, dict[str, list[Bucket]]] = {}
     for uuid, view in sorted(ctx.views.items()):
         for b in view.buckets:
-            if not view.held(b, ctx.thresholds) or view.class_at(b.start) not in CLASSES:
+            if not view.held(b, ctx.thresholds) or view.class_at(b.start) == "idle":
                 continue
             name = view.main_tenant(b.start) or f"the workload on {gpu_name(view)}"
             groups.setdefault(name, {}).setdefault(uuid, []).append(b)
@@ -115,7 +123,8 @@ def _jobs(ctx: Context) -> list[_Job]:
 
 
 def _references(ctx: Context, job: _Job) -> None:
-    ks, clocks = [], []
+    ks: dict[str, float] = {}
+    clocks: list[float] = []
     for m in job.members:
         idle = ctx.idle_watts.get(m.view.info.uuid, 0.0)
         mine = [
@@ -124,12 +133,18 @@ def _references(ctx: Context, job: _Job) -> None:
             if b.power_watts is not None and b.util is not None and b.util >= 0.5
         ]
         if len(mine) >= 3:
-            ks.append(statistics.quantiles(mine, n=4)[2])  # the 75th percentile
+            ks[gpu_name(m.view)] = statistics.quantiles(mine, n=4)[2]  # the 75th percentile
         clocks += [b.sm_clock_hertz for b in m.buckets if b.sm_clock_hertz]
-    job.k_ref = max(ks) if ks else None
     job.clock_ref = max(clocks) if clocks else None
     if len(job.members) >= 3:
         _straggler(ctx, job)
+    # The typical rank's fed level: ranks always differ a little (the per-worker step times of
+    # real jobs spread by ~10%), and that spread is not starvation. With a straggler, the ranks
+    # wait for it, and its own fed level is the reference.
+    if job.straggler is not None and job.straggler.worker in ks:
+        job.k_ref = ks[job.straggler.worker]
+    else:
+        job.k_ref = statistics.median(ks.values()) if ks else None
 
 
 def _straggler(ctx: Context, job: _Job) -> None:
@@ -177,6 +192,7 @@ def _loss(
     th = ctx.thresholds
     if (m.view.info.uuid, b.start) in ctx.explained or b.util is None:
         return None
+    fed_class = m.view.class_at(b.start) in CLASSES
     share = _power_share(ctx, job, m.view, b)
     wait = 1.0 - b.util if share is None else 1.0 - share
     wait = min(max(wait, 0.0), 1.0)
@@ -191,8 +207,13 @@ def _loss(
         cause = "throttled"
     elif b.util >= th.collective_util_ratio:
         cause = "network" if _ib_surge(ctx, m.view.info.node, b.start) else "communication"
+        lost = max(lost - th.collective_allowance_ratio, 0.0)  # normal rank-to-rank spread
+        if lost < NOISE:
+            return None
     else:
         cause = _input_cause(ctx, job, m, b, comm_waits)
+    if not fed_class and cause not in EVIDENCED:
+        return None
     return _Loss(b.start, lost, cause, b.util, share)
 
 
@@ -256,13 +277,12 @@ def _finding(ctx: Context, job: _Job, m: _Member, losses: list[_Loss]) -> tuple[
     th = ctx.thresholds
     view = m.view
     held_hours = len(m.buckets) * ctx.bucket_hours
+    classes = Counter(view.class_at(b.start) for b in m.buckets)
+    gpu_class = max(classes, key=lambda c: (classes[c], c))
     lost_hours = sum(x.lost for x in losses) * ctx.bucket_hours
     ratio = lost_hours / held_hours
-    batch = view.class_at(m.buckets[0].start) == "batch"
-    above = (
-        ratio >= (th.starved_min_ratio_batch if batch else th.starved_min_ratio)
-        and lost_hours >= th.starved_min_gpu_hours
-    )
+    minimum = th.starved_min_ratio if gpu_class == "training" else th.starved_min_ratio_batch
+    above = ratio >= minimum and lost_hours >= th.starved_min_gpu_hours
     by_cause: dict[str, float] = {}
     for x in losses:
         by_cause[x.cause] = by_cause.get(x.cause, 0.0) + x.lost * ctx.bucket_hours
@@ -278,6 +298,7 @@ def _finding(ctx: Context, job: _Job, m: _Member, losses: list[_Loss]) -> tuple[
     ]
     details: list[tuple[str, object]] = [
         ("cause", cause),
+        ("class", gpu_class),
         ("job", job.name),
         ("waiting_ratio", ratio),
         ("causes", {c: round(h, 2) for c, h in ranked}),

@@ -53,6 +53,10 @@ class Thresholds:
     io_pressure_ratio: float = 0.20
     #: Waiting in a collective: utilization at least this high while drawing low power.
     collective_util_ratio: float = 0.85
+    #: Ranks of a healthy data-parallel job wait this share of each step for the slowest one:
+    #: per-worker mini-batch times of real jobs on Alibaba PAI (AntMan, OSDI'20) spread by about
+    #: +-10% around the median. Collective waits beyond it are starvation.
+    collective_allowance_ratio: float = 0.10
     #: Throttled: clock-event reasons report a power or thermal limit in this share of samples.
     throttled_samples_ratio: float = 0.50
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.attribution import ProcReader
-from agent.exporter import AgentCollector, build_registry, render
+from agent.exporter import AgentCollector, DcgmCompatCollector, build_registry, render
 from agent.host import HostReader
 from agent.nvml import Nvml
 from agent.sampler import Sampler
 from agent.sim.vnvml import VirtualProcess
 from agent.store import Store
-from tests.conftest import FIXTURES, FakeClock, library, make_gpu, require_tool
+from tests.conftest import FIXTURES, SHARED_DATA, FakeClock, library, make_gpu, require_tool
 
 
 def _exposition(tmp_path: Path, clock: FakeClock, gpus) -> str:
@@ -114,3 +115,40 @@ def test_promtool_accepts_the_exposition(tmp_path, clock) -> None:
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dcgm_compat_series_match_a_real_dcgm_exporter_scrape(tmp_path, clock) -> None:
+    """Names and label names as dcgm-exporter writes them, in its units (MiB, MHz, %, mJ)."""
+    real_path = SHARED_DATA / "dcgm-exporter-scrape" / "tesla-t4.prom"
+    gpus = [make_gpu(0, utilization_gpu_ratio=0.5, memory_used_bytes=3 << 30, power_watts=250.0)]
+    store = Store(tmp_path / "s.duckdb")
+    sampler = Sampler(
+        "gpu-node-01",
+        Nvml(library(gpus, clock)),
+        HostReader("gpu-node-01", proc_root=FIXTURES / "proc", sys_root=tmp_path),
+        ProcReader(FIXTURES / "proc", user_name=str),
+        store,
+        clock=clock,
+    )
+    sampler.start()
+    clock.advance(1)
+    sampler.tick()
+    text = render(build_registry([DcgmCompatCollector(sampler.snapshot)], False)).decode()
+    sampler.stop()
+    ours = _series(text)
+    assert ours["DCGM_FI_DEV_GPU_UTIL"][0].value == 50.0
+    assert ours["DCGM_FI_DEV_FB_USED"][0].value == 3072.0
+    assert ours["DCGM_FI_DEV_POWER_USAGE"][0].value == 250.0
+    assert ours["DCGM_FI_DEV_SM_CLOCK"][0].value > 100  # MHz, not Hz
+    labels = ours["DCGM_FI_DEV_GPU_UTIL"][0].labels
+    assert labels["gpu"] == "0" and labels["Hostname"] == "gpu-node-01"
+    assert labels["device"] == "nvidia0" and labels["modelName"].startswith("NVIDIA H100")
+    if not real_path.exists():
+        pytest.skip("../shared/data not present")
+    real = _series(real_path.read_text())
+    shared = set(real) & set(ours)
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE"} <= shared
+    # The scrape mixes two dcgm-exporter builds: one adds DCGM_FI_PROCESS_NAME, a newer one more
+    # info labels. Ours are the labels every build writes.
+    for name in shared:
+        assert set(ours[name][0].labels) <= set(real[name][0].labels), name
