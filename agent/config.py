@@ -46,6 +46,8 @@ class AgentConfig:
     rollup_interval: float = 300.0
     prune_interval: float = 3600.0
     dcgm_compat: bool = False
+    #: The Kubernetes API server for pod names; "" means in-cluster when running in a pod.
+    kubernetes_api: str = ""
     analysis_interval: float = 300.0
     analysis_window: float = 10800.0
     buffer_rows: int = 100_000
@@ -118,6 +120,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "rollup_interval": _positive_float,
     "prune_interval": _positive_float,
     "dcgm_compat": _boolean,
+    "kubernetes_api": lambda v: str(v).strip(),
     "analysis_interval": _positive_float,
     "analysis_window": _positive_float,
     "buffer_rows": _positive_int,

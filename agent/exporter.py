@@ -646,6 +646,33 @@ class DcgmCompatCollector(Collector):
         yield xid
 
 
+class PodInfoCollector(Collector):
+    """``aiscope_pod_info``: pod UID to namespace and name, to join onto ``pod_uid`` labels
+    (``* on (pod_uid) group_left (namespace, pod) aiscope_pod_info``), and the lookup's health."""
+
+    def __init__(self, node: str, snapshot: Callable[[], tuple[tuple[Any, ...], int]]) -> None:
+        self._node = node
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        pods, failures = self._snapshot()
+        info = GaugeMetricFamily(
+            "aiscope_pod_info",
+            "A pod on this node, by UID (from the Kubernetes API server).",
+            labels=["node", "pod_uid", "namespace", "pod"],
+        )
+        for p in pods:
+            info.add_metric([self._node, p.uid, p.namespace, p.name], 1.0)
+        yield info
+        errors = CounterMetricFamily(
+            "aiscope_kubernetes_api_failures",
+            "Pod-name lookups that failed (attribution then uses pod UIDs).",
+            labels=["node"],
+        )
+        errors.add_metric([self._node], failures)
+        yield errors
+
+
 @dataclass(frozen=True, slots=True)
 class GpuAnalysisSeries:
     """One GPU's trailing-analysis results, as the composition root hands them over."""

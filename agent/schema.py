@@ -118,6 +118,20 @@ class Process:
 
 
 @dataclass(frozen=True, slots=True)
+class Pod:
+    """A Kubernetes pod's name for the UID attribution found (from the API server)."""
+
+    TABLE: ClassVar[str] = "pods"
+    KEY: ClassVar[tuple[str, ...]] = ("node", "uid")
+
+    node: str
+    uid: str
+    namespace: str
+    name: str
+    last_seen_ts: float
+
+
+@dataclass(frozen=True, slots=True)
 class HostSample:
     """One tick of the host. Ratios are of all CPUs; PSI values are the kernel's avg10 / 100."""
 
@@ -214,7 +228,7 @@ SAMPLE_RECORDS: tuple[type[Any], ...] = (
     CgroupSample,
     AgentEvent,
 )
-KEYED_RECORDS: tuple[type[Any], ...] = (Device, Process)
+KEYED_RECORDS: tuple[type[Any], ...] = (Device, Process, Pod)
 ALL_RECORDS: tuple[type[Any], ...] = (*SAMPLE_RECORDS, *KEYED_RECORDS, GroundTruth)
 
 #: Columns that per-minute rollups summarize (mean, min, max, p95), per table.

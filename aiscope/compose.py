@@ -21,10 +21,12 @@ from agent.exporter import (
     AnalysisSink,
     DcgmCompatCollector,
     GpuAnalysisSeries,
+    PodInfoCollector,
     build_registry,
     serve,
 )
 from agent.host import HostReader
+from agent.k8s import PodDirectory
 from agent.nvml import Nvml
 from agent.sampler import Sampler
 from agent.service import Agent
@@ -80,15 +82,30 @@ def build_agent(
     collectors: list[Any] = [collector, sink]
     if config.dcgm_compat:
         collectors.append(DcgmCompatCollector(sampler.snapshot))
-    registry = build_registry(collectors)
     analysis = TrailingAnalysis(store, config.analysis_window, thresholds or Thresholds(), sink)
+    jobs: list[tuple[str, Any, float]] = [("analysis", analysis.run, config.analysis_interval)]
+    pods = _pod_directory(config)
+    if pods is not None:
+        collectors.append(PodInfoCollector(config.node, pods.snapshot))
+        jobs.append(("pods", lambda: store.add(pods.refresh()), POD_REFRESH_SECONDS))
+    registry = build_registry(collectors)
     return Agent(
         config=config,
         sampler=sampler,
         store=store,
         serve=lambda: serve(registry, config.listen_host, config.listen_port),
-        extra_jobs=(("analysis", analysis.run, config.analysis_interval),),
+        extra_jobs=tuple(jobs),
     )
+
+
+POD_REFRESH_SECONDS = 60.0
+
+
+def _pod_directory(config: AgentConfig) -> PodDirectory | None:
+    """Pod names from ``kubernetes_api`` when set, else from the API server when in a pod."""
+    if config.kubernetes_api:
+        return PodDirectory(config.node, config.kubernetes_api)
+    return PodDirectory.in_cluster(config.node)
 
 
 @dataclasses.dataclass

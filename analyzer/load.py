@@ -24,7 +24,8 @@ THROTTLE_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 #: Who a process belongs to, most specific first: the Slurm job, the pod, the systemd unit,
 #: else the command and its process id.
 TENANT_SQL = (
-    "coalesce('slurm job ' || p.slurm_job_id, 'pod ' || p.k8s_pod_uid, "
+    "coalesce('slurm job ' || p.slurm_job_id, "
+    "'pod ' || coalesce(k.namespace || '/' || k.name, p.k8s_pod_uid), "
     "'unit ' || p.systemd_unit, coalesce(p.comm, '?') || ' (pid ' || p.pid || ')')"
 )
 
@@ -293,9 +294,29 @@ def _materialize_tenancy(
         f"FROM ({_union(aliases, 'process_samples')}) s "
         f"JOIN ({_union(aliases, 'processes')}) p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
+        f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid "
         "WHERE s.ts > $s AND s.ts <= $e GROUP BY s.uuid, tenant, 3",
         {"b": bucket, "s": start, "e": end},
     )
+
+
+def _pods(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> str:
+    """Pod names from the stores that have them (stores written before pod lookup do not)."""
+    have = [
+        a
+        for a in aliases
+        if con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND table_name = 'pods'",
+            [a],
+        ).fetchone()
+        == (1,)
+    ]
+    parts = [f"SELECT node, uid, namespace, name FROM {a}.pods" for a in have]
+    parts.append(
+        "SELECT NULL::VARCHAR AS node, NULL::VARCHAR AS uid, NULL::VARCHAR AS namespace, "
+        "NULL::VARCHAR AS name WHERE false"
+    )
+    return " UNION ALL ".join(parts)
 
 
 def _interval(con: duckdb.DuckDBPyConnection, start: float, end: float) -> float | None:

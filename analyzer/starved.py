@@ -83,11 +83,7 @@ def find(ctx: Context) -> list[Finding]:
 def measure(ctx: Context) -> list[Finding]:
     """Every training or batch GPU's waiting, below the thresholds too (for the live gauges),
     and other GPUs that are starved by the evidence."""
-    return [
-        f
-        for f, above in _evaluate(ctx)
-        if above or f.detail("class") in CLASSES
-    ]
+    return [f for f, above in _evaluate(ctx) if above or f.detail("class") in CLASSES]
 
 
 def _evaluate(ctx: Context) -> list[tuple[Finding, bool]]:

@@ -1,0 +1,45 @@
+#!/bin/sh
+# Install the aiscope agent as a systemd service on this node:
+#   sudo sh deploy/systemd/install.sh [SOURCE]
+# SOURCE is what pip installs (default: the repository this script lives in). Creates the
+# "aiscope" system user, a venv in /opt/aiscope/venv, /etc/aiscope/aiscope.toml (kept if it
+# exists), the unit, and enables and starts it. Run it again to upgrade.
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+source=${1:-$(cd "$here/../.." && pwd)}
+prefix=/opt/aiscope
+unit=/etc/systemd/system/aiscope-agent.service
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install.sh: run as root (sudo sh $0)" >&2
+    exit 1
+fi
+command -v python3 >/dev/null || { echo "install.sh: python3 (3.11+) is required" >&2; exit 1; }
+
+if ! id aiscope >/dev/null 2>&1; then
+    useradd --system --home-dir /var/lib/aiscope --no-create-home --shell /usr/sbin/nologin \
+        --user-group aiscope
+fi
+
+python3 -m venv "$prefix/venv"
+"$prefix/venv/bin/pip" install --quiet --upgrade "$source"
+
+install -d -m 0755 /etc/aiscope
+if [ ! -e /etc/aiscope/aiscope.toml ]; then
+    cat > /etc/aiscope/aiscope.toml <<'TOML'
+[agent]
+interval = 1.0
+raw_retention_days = 14
+
+[thresholds]
+idle_held_window_seconds = 3600
+TOML
+fi
+
+install -m 0644 "$here/aiscope-agent.service" "$unit"
+systemd-analyze verify "$unit"
+systemctl daemon-reload
+systemctl enable --now aiscope-agent.service
+systemctl --no-pager --lines=5 status aiscope-agent.service || true
+echo "aiscope agent installed: metrics at http://127.0.0.1:9835/metrics, store /var/lib/aiscope"
