@@ -308,7 +308,13 @@ def test_simulate_list_and_a_short_run(tmp_path: Path) -> None:
     con = connect_read_only(store)
     truth = con.execute(
         "SELECT DISTINCT workload, json_extract_string(detail, '$.cause') FROM ground_truth "
-        "WHERE pathology = 'starved' ORDER BY 1"
+        "WHERE pathology = 'starved' ORDER BY 1, 2"
     ).fetchall()
     con.close()
-    assert truth == [("resnet-cpu-bound", "input_cpu"), ("video-io-bound", "input_io")]
+    # Each job's injected input starvation, and its checkpoint stalls (3 min every 45: 6.7%).
+    assert truth == [
+        ("resnet-cpu-bound", "communication"),
+        ("resnet-cpu-bound", "input_cpu"),
+        ("video-io-bound", "communication"),
+        ("video-io-bound", "input_io"),
+    ]
