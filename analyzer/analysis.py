@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.classify import GpuVerdict, classify
-from analyzer.findings import find_all, to_json
+from analyzer.findings import Finding, find_all, to_json
 from analyzer.load import InputError, expand, load
 from analyzer.thresholds import Thresholds
 
@@ -40,18 +40,18 @@ def analyze(
     paths: list[Path] = expand(stores)
     data = load(paths, seconds, timeout=timeout)
     verdicts = classify(data)
-    findings = find_all(data, verdicts, thresholds)
+    results = find_all(data, verdicts, thresholds)
     return {
         "schema": SCHEMA,
         "window": {"start": iso(data.window_start), "end": iso(data.window_end)},
         "stores": [str(p) for p in paths],
-        "gpus": [_gpu(v) for v in verdicts],
-        "findings": [to_json(f, iso) for f in findings],
+        "gpus": [_gpu(v, results.waiting.get(v.info.uuid)) for v in verdicts],
+        "findings": [to_json(f, iso) for f in results.findings],
         "recommendations": [],
     }
 
 
-def _gpu(v: GpuVerdict) -> dict[str, Any]:
+def _gpu(v: GpuVerdict, waiting: Finding | None) -> dict[str, Any]:
     return {
         "node": v.info.node,
         "gpu": v.info.gpu_index,
@@ -60,6 +60,9 @@ def _gpu(v: GpuVerdict) -> dict[str, Any]:
         "class": v.gpu_class,
         "confidence": v.confidence,
         "evidence": list(v.evidence),
+        # Measured for training and batch GPUs, below the finding thresholds too; else null.
+        "starved_gpu_hours": round(waiting.gpu_hours_lost, 2) if waiting else None,
+        "waiting_ratio": round(waiting.detail("waiting_ratio"), 3) if waiting else None,
         "segments": [
             {
                 "start": iso(s.start),

@@ -161,13 +161,25 @@ def to_json(f: Finding, iso: Any) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Results:
+    """The findings, costliest first, and every training or batch GPU's measured waiting
+    (below the finding thresholds too), by uuid."""
+
+    findings: tuple[Finding, ...]
+    waiting: dict[str, Finding]
+
+
 def find_all(
     data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds | None = None
-) -> list[Finding]:
-    """Every finding in the window, costliest first."""
+) -> Results:
+    """Every finding in the window."""
     from analyzer import idle_held, neighbors, starved  # noqa: PLC0415  (they import this module)
 
     ctx = context(data, verdicts, thresholds or Thresholds())
     found = idle_held.find(ctx) + neighbors.find(ctx)
-    found += starved.find(ctx)
-    return sorted(found, key=lambda f: (-f.gpu_hours_lost, f.kind, f.node, f.gpu, f.start))
+    measured = starved.evaluate(ctx)
+    found += [f for f, above in measured if above]
+    waiting = {f.uuid: f for f, above in measured if above or f.detail("class") in starved.CLASSES}
+    ordered = sorted(found, key=lambda f: (-f.gpu_hours_lost, f.kind, f.node, f.gpu, f.start))
+    return Results(tuple(ordered), waiting)

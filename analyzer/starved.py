@@ -77,16 +77,16 @@ class _Loss:
 
 def find(ctx: Context) -> list[Finding]:
     """Starved GPUs whose waiting passes the thresholds."""
-    return [f for f, above in _evaluate(ctx) if above]
+    return [f for f, above in evaluate(ctx) if above]
 
 
 def measure(ctx: Context) -> list[Finding]:
     """Every training or batch GPU's waiting, below the thresholds too (for the live gauges),
     and other GPUs that are starved by the evidence."""
-    return [f for f, above in _evaluate(ctx) if above or f.detail("class") in CLASSES]
+    return [f for f, above in evaluate(ctx) if above or f.detail("class") in CLASSES]
 
 
-def _evaluate(ctx: Context) -> list[tuple[Finding, bool]]:
+def evaluate(ctx: Context) -> list[tuple[Finding, bool]]:
     out = []
     for job in _jobs(ctx):
         _references(ctx, job)

@@ -198,8 +198,9 @@ eval_every_minutes = 0
 """
 
 
-def checkpoint_cadence(days: float) -> list[tuple[int, float, float]]:
-    """(minutes between checkpoints, mean utilization, starved GPU-hours) per cadence."""
+def checkpoint_cadence(days: float) -> list[tuple[int, float, float, float]]:
+    """(minutes between checkpoints, mean utilization, starved GPU-hours in findings, starved
+    GPU-hours measured on every GPU below the thresholds too) per cadence."""
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for every in (15, 30, 60, 120):
@@ -209,10 +210,11 @@ def checkpoint_cadence(days: float) -> list[tuple[int, float, float]]:
             simulate(load(str(path)), store, days=days)
             doc = analyze([str(store)], since=f"{days}d")
             lost = sum(f["gpu_hours_lost"] for f in doc["findings"] if f["kind"] == "starved")
+            measured = sum(g["starved_gpu_hours"] or 0.0 for g in doc["gpus"])
             con = duckdb.connect(str(store), read_only=True)
             row = con.execute("SELECT avg(utilization_gpu_ratio) FROM gpu_samples").fetchone()
             con.close()
-            out.append((every, float(row[0]) if row else 0.0, lost))
+            out.append((every, float(row[0]) if row else 0.0, lost, measured))
     return out
 
 
@@ -251,8 +253,11 @@ def main() -> int:
         report("tuning scenarios (built-in)", tuned)
     print("\n" + straggler_oracle())
     print("\nstarved GPU-hours of one 8xH100 job by checkpoint cadence (1 day, 3-min stalls):")
-    for every, util, lost in checkpoint_cadence(1.0):
-        print(f"  every {every:>3} min: utilization {util:.0%}, starved {lost:6.2f} GPU-h")
+    for every, util, lost, measured in checkpoint_cadence(1.0):
+        print(
+            f"  every {every:>3} min: utilization {util:.0%}, starved {lost:6.2f} GPU-h in "
+            f"findings, {measured:6.2f} GPU-h measured (gpus[].starved_gpu_hours)"
+        )
     return 0
 
 

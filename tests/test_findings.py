@@ -281,19 +281,22 @@ eval_every_minutes = 0
 
 def test_starved_hours_fall_as_checkpoints_get_rarer(tmp_path) -> None:
     """Utilization reads ~90%+ at every cadence; the waiting behind checkpoints does not."""
-    lost, util = [], []
-    for every in (15, 30, 60):
+    lost, measured, util = [], [], []
+    for every in (15, 30, 60, 240):
         scenario = tmp_path / f"c{every}.toml"
         scenario.write_text(CADENCE.replace("{every}", str(every)))
         path = tmp_path / f"c{every}.duckdb"
         simulate(load_scenario(str(scenario)), path)
         doc = analyze([str(path)], since="1d")
         lost.append(sum(f["gpu_hours_lost"] for f in doc["findings"] if f["kind"] == "starved"))
+        measured.append(sum(g["starved_gpu_hours"] for g in doc["gpus"]))
         con = duckdb.connect(str(path), read_only=True)
         util.append(con.execute("SELECT avg(utilization_gpu_ratio) FROM gpu_samples").fetchone()[0])
         con.close()
     assert all(u >= 0.85 for u in util)
     assert lost[0] > lost[1] > lost[2] > 0
+    assert lost[3] == 0  # one 3-min stall in 6 h: below the finding threshold, still measured
+    assert measured[0] > measured[1] > measured[2] > measured[3] > 0
 
 
 def test_training_multinode_straggler_and_throttling(tmp_path) -> None:
