@@ -10,6 +10,8 @@ from typing import Any
 from analyzer.classify import GpuVerdict, classify
 from analyzer.findings import Finding, find_all, to_json
 from analyzer.load import InputError, expand, load
+from analyzer.recommendations import run_all
+from analyzer.recommendations import to_json as recommendation_json
 from analyzer.thresholds import Thresholds
 
 SCHEMA = "aiscope.analysis/1"
@@ -41,13 +43,16 @@ def analyze(
     data = load(paths, seconds, timeout=timeout)
     verdicts = classify(data)
     results = find_all(data, verdicts, thresholds)
+    recommendations, skipped = run_all(data, verdicts, results.findings)
     return {
         "schema": SCHEMA,
         "window": {"start": iso(data.window_start), "end": iso(data.window_end)},
         "stores": [str(p) for p in paths],
         "gpus": [_gpu(v, results.waiting.get(v.info.uuid)) for v in verdicts],
         "findings": [to_json(f, iso) for f in results.findings],
-        "recommendations": [],
+        "recommendations": [recommendation_json(r) for r in recommendations],
+        # Strategies that could not run, and why (not enough history, no inference GPU, ...).
+        "not_enough_data": [{"kind": n.kind, "reason": n.reason} for n in skipped],
     }
 
 
@@ -92,6 +97,9 @@ def render_text(doc: dict[str, Any]) -> str:
         counts[g["class"]] = counts.get(g["class"], 0) + 1
     lines += ["", "GPUs by class: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
     lines += _findings_text(doc["findings"])
+    lines += ["", f"recommendations: {len(doc['recommendations'])}"]
+    lines += [f"- [{r['kind']}] {r['summary']}" for r in doc["recommendations"]]
+    lines += [f"- [{n['kind']}] not enough data: {n['reason']}" for n in doc["not_enough_data"]]
     return "\n".join(lines)
 
 

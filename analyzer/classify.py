@@ -32,6 +32,7 @@ OCCUPIED_MEMORY_RATIO = 0.02
 ACTIVE_UTIL = 0.05
 MEMORY_JUMP_RATIO = 0.25
 MIN_SEGMENT_BUCKETS = 3
+HELD_FLOOR_RATIO = 0.01
 
 HINTS: dict[str, tuple[str, ...]] = {
     "training": (
@@ -212,14 +213,14 @@ def _features(span: _Span, bucket_seconds: int) -> dict[str, float]:
         f["nvlink_gbps"] = statistics.fmean(nvlink) / 1e9
     if util and f["hours"] >= 30:
         f["diurnal"] = _diurnal(b)
-    cycle = _cycle(b, bucket_seconds)
-    if cycle is not None:
-        f["cycle_minutes"], f["cycle_r"] = cycle
+    cycle_found = cycle(b, bucket_seconds)
+    if cycle_found is not None:
+        f["cycle_minutes"], f["cycle_r"] = cycle_found
     f["night"] = sum(1 for x in b if _hour(x.start) >= 20.0 or _hour(x.start) < 8.0) / len(b)
     return f
 
 
-def _cycle(buckets: list[Bucket], bucket_seconds: int) -> tuple[float, float] | None:
+def cycle(buckets: list[Bucket], bucket_seconds: int) -> tuple[float, float] | None:
     """The period of a repeating dip (checkpoints, evaluation) between 10 minutes and 3 hours:
     the lag with the strongest autocorrelation of power (utilization when power is missing),
     if it is a clear peak. Returns (minutes, r)."""
@@ -475,8 +476,10 @@ def _overall(gpu: GpuInfo, segments: list[Segment]) -> GpuVerdict:
     for seg in segments:
         share[seg.gpu_class] = share.get(seg.gpu_class, 0.0) + seg.end - seg.start
     total = sum(share.values())
-    held = {k: v for k, v in share.items() if k != "idle"}
-    best = max(share, key=lambda k: share[k])
+    # The contract: the class of the workload that held the GPU longest; idle only when nothing
+    # held it (for more than a sliver of the window, so a blip does not name the GPU).
+    held = {k: v for k, v in share.items() if k != "idle" and v >= HELD_FLOOR_RATIO * total}
+    best = max(held, key=lambda k: (held[k], k)) if held else "idle"
     main = [s for s in segments if s.gpu_class == best]
     confidence = round(
         sum(s.confidence * (s.end - s.start) for s in main)
@@ -484,9 +487,8 @@ def _overall(gpu: GpuInfo, segments: list[Segment]) -> GpuVerdict:
         2,
     )
     evidence = [f"{best} for {share[best] / total:.0%} of the window"]
-    if held and best == "idle":
-        other = max(held, key=lambda k: held[k])
-        evidence.append(f"otherwise {other} ({held[other] / total:.0%})")
+    if share.get("idle", 0.0) > 0 and best != "idle":
+        evidence.append(f"idle for {share['idle'] / total:.0%}")
     longest = max(main, key=lambda s: s.end - s.start)
     evidence += list(longest.evidence)
     return GpuVerdict(gpu, best, confidence, tuple(evidence), tuple(segments))

@@ -40,7 +40,13 @@ def truth(store: Path) -> tuple[dict[str, str], list[tuple[str, float, float, st
     held: dict[str, Counter[str]] = {}
     for uuid, start, end, cls in spans:
         held.setdefault(uuid, Counter())[cls] += end - start
-    return {u: c.most_common(1)[0][0] for u, c in held.items()}, spans
+    return {u: _longest_held(c) for u, c in held.items()}, spans
+
+
+def _longest_held(classes: Counter[str]) -> str:
+    """The contract's class: the workload that held the GPU longest; idle if nothing did."""
+    workloads = Counter({k: v for k, v in classes.items() if k != "idle"})
+    return workloads.most_common(1)[0][0] if workloads else "idle"
 
 
 def minute_truth(spans: list[tuple[str, float, float, str]], uuid: str, t: float) -> str | None:

@@ -52,7 +52,13 @@ def test_json_follows_the_contract(fleet) -> None:
     assert doc["schema"] == "aiscope.analysis/1"
     assert ISO.match(doc["window"]["start"]) and ISO.match(doc["window"]["end"])
     assert doc["window"]["start"] < doc["window"]["end"]
-    assert doc["recommendations"] == []
+    # 0.3 days of history: no reservation (it needs 3 days), and the output says why.
+    skipped = {n["kind"]: n["reason"] for n in doc["not_enough_data"]}
+    assert "3" in skipped["reservation"] and "days" in skipped["reservation"]
+    for r in doc["recommendations"]:
+        assert r["kind"] in ("reservation", "split", "consolidate", "power", "platform")
+        assert r["summary"] and r["evidence"] and 0 <= r["confidence"] <= 1
+        assert {"gpus_freed", "gpus_needed", "risk"} <= set(r["effect"])
     assert doc["findings"], "the straggler and the throttled fine-tune are findings"
     for f in doc["findings"]:
         assert {"kind", "node", "gpu", "uuid", "start", "end", "gpu_hours_lost", "evidence"} <= set(

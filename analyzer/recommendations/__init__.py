@@ -1,0 +1,130 @@
+"""Recommendations: what to do about the fleet, with evidence, effect, risk and confidence.
+
+Each strategy is a small typed class in :data:`REGISTRY` with its own settings (a frozen
+dataclass) and a documented method. A strategy returns :class:`NotEnoughData` explicitly when the
+window cannot support it (less than 3 days of history for a reservation, fewer than 100 points)
+rather than guessing. Strategies run in registry order and may read what earlier ones produced
+(the split builds on the reservations).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from analyzer.classify import GpuVerdict
+from analyzer.findings import Finding
+from analyzer.load import FleetData
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """One recommendation: a sentence a person can act on, and the numbers behind it."""
+
+    kind: str
+    summary: str
+    evidence: tuple[str, ...]
+    confidence: float
+    #: Expected effect: ``gpus_freed`` / ``gpus_needed``, and the ``risk`` to the service level.
+    effect: tuple[tuple[str, Any], ...]
+    details: tuple[tuple[str, Any], ...] = ()
+
+    def detail(self, key: str) -> Any:
+        return dict(self.details).get(key)
+
+
+@dataclass(frozen=True, slots=True)
+class NotEnoughData:
+    """A strategy that could not run, and why (shown in the output, never silently dropped)."""
+
+    kind: str
+    reason: str
+
+
+@dataclass(slots=True)
+class Inputs:
+    """What strategies read: the window's data, the GPU verdicts, the findings, and the
+    recommendations of strategies that ran before."""
+
+    data: FleetData
+    verdicts: list[GpuVerdict]
+    findings: tuple[Finding, ...]
+    earlier: list[Recommendation] = field(default_factory=list)
+
+    @property
+    def history_days(self) -> float:
+        return (self.data.window_end - self.data.window_start) / 86400.0
+
+
+class Strategy(Protocol):
+    kind: ClassVar[str]
+
+    def run(self, inputs: Inputs) -> list[Recommendation] | NotEnoughData: ...
+
+
+REGISTRY: dict[str, Callable[[], Strategy]] = {}
+
+
+def register(cls: type[Any]) -> type[Any]:
+    REGISTRY[cls.kind] = cls
+    return cls
+
+
+def run_all(
+    data: FleetData, verdicts: list[GpuVerdict], findings: tuple[Finding, ...]
+) -> tuple[list[Recommendation], list[NotEnoughData]]:
+    """Every registered strategy with its default settings, in order."""
+    from analyzer.recommendations import (  # noqa: F401, PLC0415  (registration)
+        consolidate,
+        platform,
+        power,
+        reservation,
+        split,
+    )
+
+    inputs = Inputs(data, verdicts, findings)
+    skipped: list[NotEnoughData] = []
+    for kind in ("reservation", "split", "consolidate", "power", "platform"):
+        result = REGISTRY[kind]().run(inputs)
+        if isinstance(result, NotEnoughData):
+            skipped.append(result)
+        else:
+            inputs.earlier.extend(result)
+    return inputs.earlier, skipped
+
+
+def to_json(r: Recommendation) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": r.kind, "summary": r.summary}
+    for key, value in r.details:
+        out[key] = _plain(value)
+    out["effect"] = {k: _plain(v) for k, v in r.effect}
+    out["confidence"] = round(r.confidence, 2)
+    out["evidence"] = list(r.evidence)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float):
+        return None if math.isnan(value) else round(value, 3)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def quantile(values: list[float], q: float, weights: list[float] | None = None) -> float:
+    """The (weighted) ``q`` quantile: the smallest value whose cumulative weight reaches ``q``."""
+    if not values:
+        return 0.0
+    weights = weights or [1.0] * len(values)
+    pairs = sorted(zip(values, weights, strict=True))
+    total = sum(weights)
+    running = 0.0
+    for value, weight in pairs:
+        running += weight
+        if running >= q * total - 1e-12:
+            return value
+    return pairs[-1][0]

@@ -1,0 +1,120 @@
+"""Inference services and their demand in GPU-equivalents, from the window's buckets.
+
+A *service* is the set of GPUs that serve one deployment: grouped by attribution (a Slurm job, a
+pod, with the ReplicaSet suffixes of Kubernetes pod names stripped, so replicas of one Deployment
+are one service), else each GPU alone. Its demand at an instant is the busy capacity it used, in
+GPUs: the sum over its GPUs of their busy share (SM activity relative to the service's own
+saturation when the GPUs report it, else utilization), divided by the target utilization that
+leaves latency headroom.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+from analyzer.classify import GpuVerdict
+from analyzer.load import Bucket, FleetData, GpuInfo
+
+_POD_SUFFIX = re.compile(r"^(pod [^/]+/.+?)(-[a-z0-9]{6,10})?-[a-z0-9]{5}$")
+_TP = re.compile(r"--(?:tensor-parallel-size|tp|tp-size|num-shard)[= ](\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    name: str
+    gpus: tuple[GpuInfo, ...]
+    tp: int  # GPUs per replica (tensor parallel), from the command line, else 1
+    command: str
+
+    @property
+    def nodes(self) -> Counter[str]:
+        return Counter(g.node for g in self.gpus)
+
+
+def service_name(tenant: str) -> str:
+    """``pod serving/chat-api-7d9f8c6b5-x2k4q`` -> ``pod serving/chat-api``."""
+    match = _POD_SUFFIX.match(tenant)
+    return match.group(1) if match else tenant
+
+
+def services(data: FleetData, verdicts: list[GpuVerdict]) -> list[Service]:
+    """Inference services: GPUs whose overall class is inference, grouped by their tenant."""
+    groups: dict[str, list[GpuInfo]] = {}
+    commands: dict[str, str] = {}
+    for v in verdicts:
+        if v.gpu_class != "inference":
+            continue
+        tenants = Counter(tb.tenant for tb in data.tenancy.get(v.info.uuid, ()))
+        if tenants:
+            tenant = max(tenants, key=lambda t: (tenants[t], t))
+            name = service_name(tenant)
+            commands[name] = data.tenants[tenant].command if tenant in data.tenants else ""
+        else:
+            name = f"{v.info.node}/{v.info.gpu_index}"
+        groups.setdefault(name, []).append(v.info)
+    out = []
+    for name, gpus in sorted(groups.items()):
+        match = _TP.search(commands.get(name, ""))
+        tp = int(match.group(1)) if match else 1
+        out.append(Service(name, tuple(gpus), max(tp, 1), commands.get(name, "")))
+    return out
+
+
+def busy(buckets: tuple[Bucket, ...]) -> list[float | None]:
+    """Each bucket's busy share of one GPU: SM activity relative to the GPU's own saturation
+    (its 99th percentile) when reported in most buckets, else utilization."""
+    sm = [b.sm_active for b in buckets if b.sm_active is not None]
+    if len(sm) >= 0.9 * len(buckets) and sm:
+        ordered = sorted(sm)
+        top = ordered[min(int(0.99 * len(ordered)), len(ordered) - 1)]
+        if top > 0.05:
+            return [
+                min(b.sm_active / top, 1.0) if b.sm_active is not None else None for b in buckets
+            ]
+    return [b.util for b in buckets]
+
+
+def demand_curve(
+    data: FleetData, service: Service, target_util: float
+) -> tuple[list[float], list[float]]:
+    """(bucket start times, demand in GPUs) for the service over the window."""
+    per_time: dict[float, float] = {}
+    for gpu in service.gpus:
+        buckets = data.buckets.get(gpu.uuid, ())
+        for b, share in zip(buckets, busy(buckets), strict=True):
+            if share is not None:
+                per_time[b.start] = per_time.get(b.start, 0.0) + share
+    times = sorted(per_time)
+    return times, [per_time[t] / target_util for t in times]
+
+
+def cold_start_seconds(data: FleetData, service: Service) -> float | None:
+    """From the first memory held to the first busy interval, on the GPU where the service
+    started inside the window (a memory ramp, then the first served load); ``None`` when it was
+    already running when the window began."""
+    best: float | None = None
+    for gpu in service.gpus:
+        buckets = data.buckets.get(gpu.uuid, ())
+        held = [b.memory_bytes for b in buckets if b.memory_bytes]
+        if not held:
+            continue
+        plateau = statistics.median(held)
+        first = buckets[0]
+        if (first.memory_bytes or 0.0) >= 0.5 * plateau and (first.util or 0.0) >= 0.1:
+            continue  # already loaded and serving when the window began
+        loaded = next((b.start for b in buckets if (b.memory_bytes or 0.0) > 0.0), None)
+        if loaded is None:
+            continue
+        served = next(
+            (b.start for b in buckets if b.start >= loaded and (b.util or 0.0) >= 0.1), None
+        )
+        if served is not None:
+            best = max(best or 0.0, served - loaded)
+    return best
+
+
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else 0.0

@@ -1,0 +1,172 @@
+"""``power``: useful work per kWh, per class and per node, and power caps where a class never
+needs its limit.
+
+Energy is power integrated over the window's intervals. *Useful* GPU-hours are held by a
+workload and neither idle-held nor lost to starvation (the findings' GPU-hours are subtracted).
+A class whose p99 power stays under ``cap_below_ratio`` of its limit gets a cap at its p99 plus
+``cap_headroom_ratio``; the budget freed is the limit minus the cap on each of its GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, quantile, register
+
+
+#: Classes whose GPUs may be capped: their work is latency- or throughput-bound below the cap.
+#: Training is left alone (a cap slows every rank), and idle or held GPUs draw idle power anyway.
+CAPPABLE = ("inference", "batch")
+
+
+@dataclass(frozen=True, slots=True)
+class PowerSettings:
+    cap_below_ratio: float = 0.60
+    cap_headroom_ratio: float = 0.15
+    min_points: int = 100
+
+
+@register
+class PowerStrategy:
+    kind = "power"
+
+    def __init__(self, settings: PowerSettings | None = None) -> None:
+        self.settings = settings or PowerSettings()
+
+    def run(self, inputs: Inputs) -> list[Recommendation] | NotEnoughData:
+        data = inputs.data
+        hours = data.bucket_seconds / 3600.0
+        kwh: dict[str, float] = {}
+        held: dict[str, float] = {}
+        node_kwh: dict[str, float] = {}
+        node_useful: dict[str, float] = {}
+        power_by_class: dict[str, list[float]] = {}
+        limits: dict[str, list[float]] = {}
+        points = 0
+        for v in inputs.verdicts:
+            for b in data.buckets.get(v.info.uuid, ()):
+                if b.power_watts is None:
+                    continue
+                points += 1
+                cls = next((s.gpu_class for s in v.segments if s.start <= b.start < s.end), "idle")
+                energy = b.power_watts * hours / 1000.0
+                kwh[cls] = kwh.get(cls, 0.0) + energy
+                node_kwh[v.info.node] = node_kwh.get(v.info.node, 0.0) + energy
+                if cls != "idle":
+                    held[cls] = held.get(cls, 0.0) + hours
+                    node_useful[v.info.node] = node_useful.get(v.info.node, 0.0) + hours
+                    if v.info.power_limit_watts:
+                        key = f"{cls} {v.info.model or '?'}"
+                        power_by_class.setdefault(key, []).append(b.power_watts)
+                        limits.setdefault(key, []).append(v.info.power_limit_watts)
+        if points < self.settings.min_points:
+            return NotEnoughData(self.kind, "power is not reported (or fewer than 100 points)")
+        lost = self._lost_by_class(inputs)
+        useful = {c: max(h - lost.get(c, 0.0), 0.0) for c, h in held.items()}
+        for f in inputs.findings:
+            node_useful[f.node] = max(node_useful.get(f.node, 0.0) - f.gpu_hours_lost, 0.0)
+        out = [self._efficiency(kwh, useful, node_kwh, node_useful)]
+        out += self._caps(inputs, power_by_class, limits)
+        return out
+
+    def _lost_by_class(self, inputs: Inputs) -> dict[str, float]:
+        by_uuid = {v.info.uuid: v for v in inputs.verdicts}
+        out: dict[str, float] = {}
+        for f in inputs.findings:
+            v = by_uuid.get(f.uuid)
+            cls = v.gpu_class if v else "idle"
+            out[cls] = out.get(cls, 0.0) + f.gpu_hours_lost
+        return out
+
+    def _efficiency(
+        self,
+        kwh: dict[str, float],
+        useful: dict[str, float],
+        node_kwh: dict[str, float],
+        node_useful: dict[str, float],
+    ) -> Recommendation:
+        per_class = {c: useful.get(c, 0.0) / e for c, e in kwh.items() if e > 0}
+        per_node = {n: node_useful.get(n, 0.0) / e for n, e in node_kwh.items() if e > 0}
+        total_kwh = sum(kwh.values())
+        total_useful = sum(useful.values())
+        worst = min(per_node, key=lambda n: per_node[n]) if per_node else None
+        summary = (
+            f"The fleet did {total_useful:.0f} useful GPU-hours on {total_kwh:.0f} kWh "
+            f"({total_useful / total_kwh if total_kwh else 0:.2f} per kWh); idle GPUs drew "
+            f"{kwh.get('idle', 0.0):.0f} kWh"
+            + (
+                f"; the least efficient node is {worst} ({per_node[worst]:.2f} per kWh)"
+                if worst
+                else ""
+            )
+            + "."
+        )
+        evidence = tuple(
+            f"{c}: {useful.get(c, 0.0):.0f} useful GPU-h, {kwh[c]:.0f} kWh, "
+            f"{per_class.get(c, 0):.2f} per kWh"
+            for c in sorted(kwh)
+        )
+        return Recommendation(
+            kind=self.kind,
+            summary=summary,
+            evidence=evidence,
+            confidence=0.8,
+            effect=(("gpus_freed", 0), ("gpus_needed", 0), ("risk", "none: a measurement")),
+            details=(
+                ("useful_gpu_hours_per_kwh", {"by_class": per_class, "by_node": per_node}),
+                ("kwh", kwh),
+            ),
+        )
+
+    def _caps(
+        self, inputs: Inputs, power: dict[str, list[float]], limits: dict[str, list[float]]
+    ) -> list[Recommendation]:
+        s = self.settings
+        out = []
+        for key in sorted(power):
+            cls, model = key.split(" ", 1)
+            if cls not in CAPPABLE or len(power[key]) < s.min_points:
+                continue
+            limit = quantile(limits[key], 0.5)
+            p99 = quantile(power[key], 0.99)
+            if p99 >= s.cap_below_ratio * limit:
+                continue
+            cap = min(p99 * (1 + s.cap_headroom_ratio), limit)
+            gpus = sum(
+                1 for v in inputs.verdicts if v.gpu_class == cls and (v.info.model or "?") == model
+            )
+            if gpus == 0:
+                continue
+            freed_w = (limit - cap) * gpus
+            out.append(
+                Recommendation(
+                    kind=self.kind,
+                    summary=(
+                        f"Cap the {gpus} {cls} {model} GPUs at {cap:.0f} W (limit "
+                        f"{limit:.0f} W): their p99 draw is {p99:.0f} W, so {freed_w / 1000:.1f} kW of power budget is "
+                        "freed with no expected slowdown."
+                    ),
+                    evidence=(
+                        f"{cls} on {model}: p99 power {p99:.0f} W = {p99 / limit:.0%} of the "
+                        f"limit over {len(power[key])} intervals",
+                    ),
+                    confidence=0.7,
+                    effect=(
+                        ("gpus_freed", 0),
+                        ("gpus_needed", 0),
+                        ("power_budget_freed_watts", freed_w),
+                        (
+                            "risk",
+                            f"bursts above {cap:.0f} W would be clocked down (seen in under "
+                            "1% of intervals)",
+                        ),
+                    ),
+                    details=(
+                        ("class", cls),
+                        ("model", model),
+                        ("cap_watts", cap),
+                        ("p99_watts", p99),
+                    ),
+                )
+            )
+        return out

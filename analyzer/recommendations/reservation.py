@@ -1,0 +1,291 @@
+"""``reservation``: how many GPUs each online-inference service needs reserved, by time of day.
+
+Method:
+
+1. The service's demand curve in GPU-equivalents (:mod:`analyzer.recommendations.demand`) at a
+   target utilization that leaves latency headroom.
+2. A schedule: per hour-of-week (two weeks of history or more, else per hour-of-day), the
+   ``quantile`` (default p99) of demand, recent days weighted more (a half-life), plus
+   ``headroom_ratio``, widened to its neighbouring hours (demand ramps), rounded up to whole
+   replicas (tensor-parallel width).
+3. ``gpus`` is the schedule's peak, plus N+1 on the largest failure domain: the service's GPUs on
+   its busiest node, so losing one node still leaves the peak covered.
+4. Validated by replay: fitted on the first part of the history and scored on the later part
+   (share of intervals demand exceeded the schedule, reserved-but-idle GPU-hours), against
+   reserving the observed peak and reserving the mean.
+5. Cold start: from the first memory to the first served load; when it is longer than the service
+   can wait, the N+1 spares must be kept warm (loaded), and the recommendation says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from analyzer.recommendations import (
+    Inputs,
+    NotEnoughData,
+    Recommendation,
+    quantile,
+    register,
+)
+from analyzer.recommendations.demand import (
+    Service,
+    cold_start_seconds,
+    demand_curve,
+    mean,
+    services,
+)
+
+WEEK = 7 * 86400
+DAY = 86400
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationSettings:
+    quantile: float = 0.99
+    #: A server past ~70% busy starts to queue requests (M/M/c waiting time grows steeply).
+    target_util: float = 0.70
+    headroom_ratio: float = 0.10
+    recency_half_life_days: float = 7.0
+    n_plus_one: bool = True
+    #: A cold start longer than this means the spares must be warm.
+    max_cold_start_seconds: float = 120.0
+    min_history_days: float = 3.0
+    min_points: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    period_seconds: int  # WEEK or DAY
+    slot_seconds: int  # 3600
+    gpus: tuple[int, ...]  # reserved GPUs per slot
+
+    def at(self, t: float) -> int:
+        return self.gpus[int((t % self.period_seconds) // self.slot_seconds)]
+
+    @property
+    def peak(self) -> int:
+        return max(self.gpus)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.gpus) / len(self.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    under_ratio: float  # share of intervals where demand exceeded the reservation
+    idle_gpu_hours: float  # reserved but unused
+    reserved_gpu_hours: float
+    hours: float
+
+
+def fit(
+    times: Sequence[float],
+    demand: Sequence[float],
+    settings: ReservationSettings,
+    period_seconds: int,
+    step: int = 1,
+) -> Schedule:
+    """The reservation schedule for ``demand`` (GPUs) sampled at ``times`` (epoch seconds)."""
+    slots = period_seconds // 3600
+    newest = max(times)
+    half_life = settings.recency_half_life_days * DAY
+    values: list[list[float]] = [[] for _ in range(slots)]
+    weights: list[list[float]] = [[] for _ in range(slots)]
+    for t, d in zip(times, demand, strict=True):
+        slot = int((t % period_seconds) // 3600)
+        values[slot].append(d)
+        weights[slot].append(0.5 ** ((newest - t) / half_life))
+    raw = [
+        quantile(values[s], settings.quantile, weights[s]) if values[s] else 0.0
+        for s in range(slots)
+    ]
+    filled = [
+        raw[s] if values[s] else max(raw) for s in range(slots)
+    ]  # an unseen hour gets the peak
+    widened = [
+        max(filled[(s - 1) % slots], filled[s], filled[(s + 1) % slots]) for s in range(slots)
+    ]
+    gpus = tuple(_round_up(v * (1 + settings.headroom_ratio), step) for v in widened)
+    return Schedule(period_seconds, 3600, gpus)
+
+
+def flat(gpus: float, step: int = 1) -> Schedule:
+    return Schedule(DAY, 3600, (_round_up(gpus, step),) * 24)
+
+
+def _round_up(value: float, step: int) -> int:
+    return max(step, math.ceil(value / step - 1e-9) * step)
+
+
+def replay(
+    schedule: Schedule, times: Sequence[float], demand: Sequence[float], step_s: float
+) -> Replay:
+    """Score a schedule on later demand: intervals under-served and GPU-hours reserved idle."""
+    under = 0
+    idle = reserved = 0.0
+    for t, d in zip(times, demand, strict=True):
+        r = schedule.at(t)
+        under += d > r + 1e-9
+        idle += max(r - d, 0.0) * step_s / 3600.0
+        reserved += r * step_s / 3600.0
+    n = max(len(times), 1)
+    return Replay(under / n, idle, reserved, n * step_s / 3600.0)
+
+
+@register
+class ReservationStrategy:
+    """One ``reservation`` per online-inference service."""
+
+    kind = "reservation"
+
+    def __init__(self, settings: ReservationSettings | None = None) -> None:
+        self.settings = settings or ReservationSettings()
+
+    def run(self, inputs: Inputs) -> list[Recommendation] | NotEnoughData:
+        s = self.settings
+        if inputs.history_days < s.min_history_days:
+            return NotEnoughData(
+                self.kind,
+                f"{inputs.history_days:.1f} days of history; a reservation needs at least "
+                f"{s.min_history_days:g} (a daily cycle seen more than twice)",
+            )
+        found = services(inputs.data, inputs.verdicts)
+        if not found:
+            return NotEnoughData(self.kind, "no GPU was classified as online inference")
+        out = []
+        for service in found:
+            rec = self._service(inputs, service)
+            if rec is not None:
+                out.append(rec)
+        if not out:
+            return NotEnoughData(self.kind, f"fewer than {s.min_points} points for every service")
+        return out
+
+    def _service(self, inputs: Inputs, service: Service) -> Recommendation | None:
+        s = self.settings
+        data = inputs.data
+        times, demand = demand_curve(data, service, s.target_util)
+        if len(times) < s.min_points:
+            return None
+        step = data.bucket_seconds
+        split_at = times[0] + (times[-1] - times[0]) * 2 / 3
+        fit_t = [t for t in times if t < split_at]
+        fit_d = demand[: len(fit_t)]
+        test_t, test_d = times[len(fit_t) :], demand[len(fit_t) :]
+        period = WEEK if (split_at - times[0]) >= 2 * WEEK else DAY
+        validated = fit(fit_t, fit_d, s, period, service.tp)
+        peak = flat(max(fit_d), service.tp)
+        average = flat(mean(fit_d), service.tp)
+        scores = {
+            name: replay(x, test_t, test_d, step)
+            for name, x in (("recommended", validated), ("peak", peak), ("mean", average))
+        }
+        final = fit(times, demand, s, period, service.tp)
+        spare = max(service.nodes.values()) if s.n_plus_one else 0
+        spare = _round_up(min(spare, final.peak), service.tp) if spare else 0
+        cold = cold_start_seconds(data, service)
+        warm = cold is not None and cold > s.max_cold_start_seconds
+        return self._recommendation(service, final, spare, scores, cold, warm, period, inputs)
+
+    def _recommendation(
+        self,
+        service: Service,
+        schedule: Schedule,
+        spare: int,
+        scores: dict[str, Replay],
+        cold: float | None,
+        warm: bool,
+        period: int,
+        inputs: Inputs,
+    ) -> Recommendation:
+        s = self.settings
+        total = schedule.peak + spare
+        current = len(service.gpus)
+        rec, peak, average = scores["recommended"], scores["peak"], scores["mean"]
+        granularity = "hour of week" if period == WEEK else "hour of day"
+        lo, hi = min(schedule.gpus), schedule.peak
+        pct = round(s.quantile * 100)
+        summary = (
+            f"Reserve {total} GPUs for {service.name} (p{pct} of demand at "
+            f"{s.target_util:.0%} target utilization, +{s.headroom_ratio:.0%} headroom"
+            + (f", +{spare} for a node failure" if spare else "")
+            + f"); by {granularity} it needs {lo}-{hi}, so {schedule.peak - lo} can lend to "
+            f"batch off-peak. It holds {current} today."
+        )
+        if warm and cold is not None:
+            summary += f" Its cold start is {cold / 60:.0f} min: keep the {spare} spares warm."
+        minutes_week = 7 * 24 * 60
+        evidence = (
+            f"{service.name}: {current} GPUs on {len(service.nodes)} node(s)"
+            + (f", {service.tp} per replica (tensor parallel)" if service.tp > 1 else ""),
+            f"replay (fit on the first 2/3 of {inputs.history_days:.1f} days, scored on the rest): "
+            f"demand exceeded the reservation in {rec.under_ratio:.1%} of intervals, "
+            f"{rec.idle_gpu_hours:.0f} GPU-hours reserved but idle",
+            f"baselines on the same replay: peak provisioning ({_gpus(peak):.0f} GPUs) "
+            f"{peak.under_ratio:.1%} under, {peak.idle_gpu_hours:.0f} idle GPU-hours; "
+            f"mean provisioning {average.under_ratio:.1%} under, {average.idle_gpu_hours:.0f} "
+            "idle GPU-hours",
+            f"cold start (first memory to first served load): {_cold(cold, inputs)}",
+            f"command: {service.command[:100]}" if service.command else "command: not seen",
+        )
+        confidence = 0.85 if inputs.history_days >= 7 else 0.7
+        if rec.under_ratio > 1 - s.quantile + 0.01:
+            confidence -= 0.2
+        saved = (
+            1 - rec.reserved_gpu_hours / peak.reserved_gpu_hours if peak.reserved_gpu_hours else 0.0
+        )
+        return Recommendation(
+            kind=self.kind,
+            summary=summary,
+            evidence=evidence,
+            confidence=max(confidence, 0.3),
+            effect=(
+                ("gpus_needed", max(total - current, 0)),
+                ("gpus_freed", max(current - total, 0)),
+                (
+                    "risk",
+                    f"demand above the reservation in {rec.under_ratio:.1%} of intervals "
+                    f"(about {rec.under_ratio * minutes_week:.0f} min a week) in replay",
+                ),
+                ("reserved_gpu_hours_saved_vs_peak_ratio", saved),
+            ),
+            details=(
+                ("pool", service.name),
+                ("gpus", total),
+                ("quantile", s.quantile),
+                ("current_gpus", current),
+                ("spare_gpus", spare),
+                ("warm_spares", warm),
+                ("cold_start_seconds", cold),
+                ("schedule", {"by": granularity, "gpus": list(schedule.gpus)}),
+                ("expected_under_provisioned_minutes_per_week", rec.under_ratio * minutes_week),
+                (
+                    "replay",
+                    {
+                        name: {
+                            "under_ratio": r.under_ratio,
+                            "idle_gpu_hours": r.idle_gpu_hours,
+                            "reserved_gpu_hours": r.reserved_gpu_hours,
+                        }
+                        for name, r in scores.items()
+                    },
+                ),
+            ),
+        )
+
+
+def _gpus(r: Replay) -> float:
+    return r.reserved_gpu_hours / r.hours if r.hours else 0.0
+
+
+def _cold(cold: float | None, inputs: Inputs) -> str:
+    if cold is None:
+        return "not seen in the window (it was already serving)"
+    interval = inputs.data.bucket_seconds / 60
+    if cold < inputs.data.bucket_seconds:
+        return f"under {interval:.0f} min (within one interval)"
+    return f"{cold / 60:.0f} min (to {interval:.0f}-min resolution)"
