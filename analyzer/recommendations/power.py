@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, quantile, register
 
-
 #: Classes whose GPUs may be capped: their work is latency- or throughput-bound below the cap.
 #: Training is left alone (a cap slows every rank), and idle or held GPUs draw idle power anyway.
 CAPPABLE = ("inference", "batch")
