@@ -142,8 +142,9 @@ class PowerStrategy:
                     kind=self.kind,
                     summary=(
                         f"Cap the {gpus} {cls} {model} GPUs at {cap:.0f} W (limit "
-                        f"{limit:.0f} W): their p99 draw is {p99:.0f} W, so {freed_w / 1000:.1f} kW of power budget is "
-                        "freed with no expected slowdown."
+                        f"{limit:.0f} W): their p99 draw is {p99:.0f} W, so "
+                        f"{freed_w / 1000:.1f} kW of power budget is freed with no expected "
+                        "slowdown."
                     ),
                     evidence=(
                         f"{cls} on {model}: p99 power {p99:.0f} W = {p99 / limit:.0%} of the "
