@@ -12,6 +12,7 @@ from analyzer.findings import Finding, find_all, to_json
 from analyzer.load import InputError, expand, load
 from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
+from analyzer.summary import sparkline, summarize
 from analyzer.thresholds import Thresholds
 
 SCHEMA = "aiscope.analysis/1"
@@ -44,12 +45,20 @@ def analyze(
     verdicts = classify(data)
     results = find_all(data, verdicts, thresholds)
     recommendations, skipped = run_all(data, verdicts, results.findings)
+    findings = []
+    for f in results.findings:
+        entry = to_json(f, iso)
+        entry["series"] = sparkline(data, f)
+        findings.append(entry)
+    summary = summarize(data, verdicts, results.findings)
+    summary["timeline"]["start"] = iso(summary["timeline"]["start"])
     return {
         "schema": SCHEMA,
         "window": {"start": iso(data.window_start), "end": iso(data.window_end)},
         "stores": [str(p) for p in paths],
         "gpus": [_gpu(v, results.waiting.get(v.info.uuid)) for v in verdicts],
-        "findings": [to_json(f, iso) for f in results.findings],
+        "summary": summary,
+        "findings": findings,
         "recommendations": [recommendation_json(r) for r in recommendations],
         # Strategies that could not run, and why (not enough history, no inference GPU, ...).
         "not_enough_data": [{"kind": n.kind, "reason": n.reason} for n in skipped],

@@ -126,6 +126,7 @@ class FleetData:
     tenants: dict[str, Tenant] = field(default_factory=dict)  # name -> identity
     tenancy: dict[str, tuple[TenantBucket, ...]] = field(default_factory=dict)  # uuid -> buckets
     cgroups: dict[tuple[str, str], tuple[CgroupBucket, ...]] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)  # agent events by kind (xid, ...)
 
 
 def expand(patterns: list[str]) -> list[Path]:
@@ -236,6 +237,11 @@ def _materialize(
     )
     _materialize_host(con, aliases, start, end, bucket)
     _materialize_tenancy(con, aliases, start, end, bucket)
+    con.execute(
+        "CREATE TABLE events AS SELECT kind, count(*) AS n "
+        f"FROM ({_union(aliases, 'agent_events')}) WHERE ts > $s AND ts <= $e GROUP BY kind",
+        {"s": start, "e": end},
+    )
     con.execute(
         f"CREATE TABLE devices AS SELECT node, uuid, any_value(gpu_index) AS gpu_index, "
         f"any_value(name) AS name, max(memory_total_bytes) AS total, "
@@ -357,6 +363,7 @@ def _fetch(
         tenants=tenants,
         tenancy=tenancy,
         cgroups=_fetch_cgroups(con),
+        events={k: int(n) for k, n in con.execute("SELECT kind, n FROM events").fetchall()},
         window_start=start,
         window_end=end,
         bucket_seconds=bucket,

@@ -27,6 +27,8 @@ COMMANDS = [
     ["analyze", "--help"],
     ["import", "--help"],
     ["import", "nvidia-smi", "--help"],
+    ["report", "--help"],
+    ["demo", "--help"],
 ]
 
 
@@ -111,7 +113,15 @@ def test_every_command_has_help_with_examples(args: list[str]) -> None:
     result = _aiscope(*args)
     assert result.returncode == 0, result.stderr
     assert "Usage" in result.stdout
-    leaf = args[:-1] and args[-2] in ("run", "info", "simulate", "analyze", "nvidia-smi")
+    leaf = args[:-1] and args[-2] in (
+        "run",
+        "info",
+        "simulate",
+        "analyze",
+        "nvidia-smi",
+        "report",
+        "demo",
+    )
     if leaf or args == ["--help"]:
         assert "Examples" in result.stdout
 
@@ -130,6 +140,9 @@ def test_version() -> None:
         (["agent", "run", "--virtual-gpus", "2", "--virtual-model", "B300"], "unknown GPU model"),
         (["store", "info", "--store", "/nonexistent/x.duckdb"], "no such store"),
         (["store", "info", "--format", "yaml", "--store", "x"], "--format"),
+        (["report", "--store", "x.duckdb", "--out", "r.pdf"], "use .html, .md or .json"),
+        (["report", "--store", "/nonexistent/x.duckdb"], "no such store"),
+        (["analyze", "--store", "/nonexistent/x.duckdb", "--since", "soon"], "--since"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:

@@ -136,10 +136,25 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
 
 def test_systemd_unit_exposure_is_at_most_2(tmp_path: Path) -> None:
     analyze = require_tool("systemd-analyze")
-    result = _run(analyze, "security", "--offline=true", _unit_for_this_machine(tmp_path))
-    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
-    assert match, result.stdout + result.stderr
-    assert float(match.group(1)) <= 2.0, result.stdout
+    units = [_unit_for_this_machine(tmp_path), DEPLOY / "systemd" / "aiscope-report.service"]
+    for unit in units:
+        result = _run(analyze, "security", "--offline=true", unit)
+        match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
+        assert match, result.stdout + result.stderr
+        assert float(match.group(1)) <= 2.0, result.stdout
+
+
+def test_weekly_report_timer_verifies() -> None:
+    analyze = require_tool("systemd-analyze")
+    systemd = DEPLOY / "systemd"
+    result = _run(
+        analyze, "verify", systemd / "aiscope-report.service", systemd / "aiscope-report.timer"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    timer = (systemd / "aiscope-report.timer").read_text()
+    assert "Persistent=true" in timer and "OnCalendar=Mon" in timer
+    service = (systemd / "aiscope-report.service").read_text()
+    assert "aiscope report" in service and "-mtime +90 -delete" in service
 
 
 def test_install_script_is_clean_shell() -> None:

@@ -134,12 +134,7 @@ class PlatformStrategy:
             f"Run a {shape}"
             + (f" with a {reserved}-GPU inference reservation" if reserved else "")
             + f"; batch can fill {idle_week:.0f} idle GPU-hours a week"
-            + (
-                f"; about {under_minutes:.0f} minutes a week of inference peaks exceed the "
-                "reservation, which is cheaper as cloud burst than as more reserved GPUs"
-                if reservations and burst
-                else ""
-            )
+            + _burst_sentence(reservations != [], burst, under_minutes)
             + "."
         )
         evidence = tuple(
@@ -159,3 +154,16 @@ class PlatformStrategy:
             ),
             details=(("shape", shape), ("inventory", inventory)),
         )
+
+
+def _burst_sentence(reserved: bool, burst: bool, minutes: float) -> str:
+    if not reserved:
+        return ""
+    if minutes < 1:
+        return "; in replay no inference peak exceeded the reservation"
+    if burst:
+        return (
+            f"; about {minutes:.0f} minutes a week of inference peaks exceed the reservation, "
+            "which is cheaper as cloud burst than as more reserved GPUs"
+        )
+    return f"; {minutes:.0f} minutes a week of inference peaks exceed it: raise the reservation"

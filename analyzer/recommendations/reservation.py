@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from analyzer.recommendations import (
     Inputs,
@@ -207,7 +207,8 @@ class ReservationStrategy:
         spare = _round_up(min(spare, final.peak), service.tp) if spare else 0
         cold = cold_start_seconds(data, service)
         warm = cold is not None and cold > s.max_cold_start_seconds
-        return self._recommendation(service, final, spare, scores, cold, warm, period, inputs)
+        rec = self._recommendation(service, final, spare, scores, cold, warm, period, inputs)
+        return replace(rec, details=(*rec.details, ("demand_by_hour", _profile(times, demand))))
 
     def _recommendation(
         self,
@@ -294,6 +295,17 @@ class ReservationStrategy:
                 ),
             ),
         )
+
+
+def _profile(times: Sequence[float], demand: Sequence[float]) -> dict[str, list[float]]:
+    """Demand in GPUs by hour of day (UTC): median and p99, for the report's chart."""
+    by_hour: list[list[float]] = [[] for _ in range(24)]
+    for t, d in zip(times, demand, strict=True):
+        by_hour[int((t % DAY) // 3600)].append(d)
+    return {
+        "p50": [round(quantile(v, 0.5), 2) for v in by_hour],
+        "p99": [round(quantile(v, 0.99), 2) for v in by_hour],
+    }
 
 
 def _gpus(r: Replay) -> float:

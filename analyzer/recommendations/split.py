@@ -217,6 +217,7 @@ class SplitStrategy:
                 ("replay", replay),
                 ("preemptible", [{"job": n, "checkpoint_minutes": m} for n, m in preemptible]),
                 ("interactive_quota", quota),
+                ("gpus_by_class", dict(sorted(before.items()))),
             ),
         )
 

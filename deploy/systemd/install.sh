@@ -38,8 +38,12 @@ TOML
 fi
 
 install -m 0644 "$here/aiscope-agent.service" "$unit"
-systemd-analyze verify "$unit"
+install -m 0644 "$here/aiscope-report.service" /etc/systemd/system/aiscope-report.service
+install -m 0644 "$here/aiscope-report.timer" /etc/systemd/system/aiscope-report.timer
+systemd-analyze verify "$unit" /etc/systemd/system/aiscope-report.service \
+    /etc/systemd/system/aiscope-report.timer
 systemctl daemon-reload
-systemctl enable --now aiscope-agent.service
+systemctl enable --now aiscope-agent.service aiscope-report.timer
 systemctl --no-pager --lines=5 status aiscope-agent.service || true
 echo "aiscope agent installed: metrics at http://127.0.0.1:9835/metrics, store /var/lib/aiscope"
+echo "weekly reports (Mondays 06:00 UTC) in /var/lib/aiscope-reports"

@@ -1,0 +1,45 @@
+"""``aiscope report``: the weekly report, rendered from the ``aiscope.analysis/1`` document.
+
+One document, four forms that always agree: ``.html`` (self-contained: inline CSS and SVG, no
+scripts, no outside requests), ``.md``, ``.json`` (the analysis contract itself) and the terminal
+(Rich tables, colour on a terminal, plain when piped). Sections, in order: the headline, the
+fleet timeline, utilization that is real, findings, recommendations, per-node detail and data
+coverage. Large fleets stay readable: tables show the top ``TOP_N`` rows, with the rest counted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TOP_N = 15
+FORMATS = (".html", ".md", ".json")
+
+
+class ReportError(ValueError):
+    """Bad report options (an unknown output suffix): exit code 2."""
+
+
+def write(doc: dict[str, Any], out: Path) -> Path:
+    """Write the report in the form ``out``'s suffix names."""
+    suffix = out.suffix.lower()
+    if suffix not in FORMATS:
+        raise ReportError(
+            f"--out {out}: unknown format {suffix or '(no suffix)'}; use .html, .md or .json"
+        )
+    if suffix == ".json":
+        text = json.dumps(doc, indent=2) + "\n"
+    elif suffix == ".md":
+        from aiscope.report.markdown import render  # noqa: PLC0415
+
+        text = render(doc)
+    else:
+        from aiscope.report.html import render as render_html  # noqa: PLC0415
+
+        text = render_html(doc)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)  # never a half-written report where the last one was
+    return out

@@ -1,0 +1,334 @@
+"""The report as one self-contained HTML page: inline CSS and SVG, no scripts, no outside
+requests, readable offline, in print and by mail clients that strip scripts."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from aiscope import __version__
+from aiscope.report import TOP_N, svg
+from aiscope.report.content import (
+    CLASS_ORDER,
+    coverage_lines,
+    finding_rows,
+    finding_what,
+    headline,
+    recommendation_fields,
+    starved_by_cause,
+    timeline_labels,
+    top_actions,
+    window,
+)
+
+CSS = """
+:root { color-scheme: light; }
+body { font: 15px/1.5 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
+  color: #1a1a1a; background: #fff; margin: 0; }
+main { max-width: 980px; margin: 0 auto; padding: 24px 28px 48px; }
+header.top { border-bottom: 3px solid #0072B2; margin-bottom: 8px; padding-bottom: 8px; }
+h1 { font-size: 26px; margin: 0; } h2 { font-size: 20px; margin: 34px 0 8px;
+  border-bottom: 1px solid #ccc; padding-bottom: 4px; } h3 { font-size: 16px; margin: 20px 0 6px; }
+.meta { color: #444; font-size: 13px; }
+.cards { display: flex; gap: 12px; flex-wrap: wrap; margin: 14px 0; }
+.card { flex: 1 1 110px; border: 1px solid #ccc; border-radius: 6px; padding: 10px 12px; }
+.card .n { font-size: 24px; font-weight: 700; } .card .l { font-size: 12px; color: #444; }
+ol.actions li { margin: 4px 0; } .kind { font-weight: 600; }
+table { border-collapse: collapse; width: 100%; margin: 8px 0 4px; font-size: 13px; }
+th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid #ddd; vertical-align: top; }
+th { background: #f2f2f2; white-space: nowrap; } td:first-child { white-space: nowrap; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.chart { max-width: 100%; height: auto; margin: 6px 0; }
+.chart .lbl { font: 11px sans-serif; fill: #222; }
+.rec { border-left: 4px solid #0072B2; padding: 6px 12px; margin: 12px 0; background: #f7fafc; }
+.rec p { margin: 4px 0; } .rec ul { margin: 4px 0 4px 18px; padding: 0; font-size: 13px; }
+.ev { font-size: 12px; color: #333; } .muted { color: #555; font-size: 13px; }
+nav a { margin-right: 12px; font-size: 13px; color: #00558a; }
+@media print { main { max-width: none; } .rec { break-inside: avoid; } h2 { break-after: avoid; } }
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def render(doc: dict[str, Any]) -> str:
+    body = [
+        _header(doc),
+        _headline(doc),
+        _timeline(doc),
+        _real(doc),
+        _findings(doc),
+        _recommendations(doc),
+        _detail(doc),
+        _coverage(doc),
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>aiscope report, {_e(window(doc))}</title><style>{CSS}</style></head>"
+        f"<body><main>{''.join(body)}</main></body></html>\n"
+    )
+
+
+def _header(doc: dict[str, Any]) -> str:
+    links = [
+        ("headline", "Headline"),
+        ("timeline", "Timeline"),
+        ("utilization", "Utilization"),
+        ("findings", "Findings"),
+        ("recommendations", "Recommendations"),
+        ("detail", "Detail"),
+        ("coverage", "Coverage"),
+    ]
+    nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in links)
+    return (
+        '<header class="top"><h1>What the GPUs really did</h1>'
+        f'<p class="meta">aiscope {_e(__version__)} weekly report, {_e(window(doc))} (UTC), '
+        f'{len(doc["stores"])} store(s)</p><nav aria-label="Sections">{nav}</nav></header>'
+    )
+
+
+def _headline(doc: dict[str, Any]) -> str:
+    s = doc["summary"]
+    sh = s["shares"]
+    cards = [
+        (f"{s['gpus']}", f"GPUs on {s['nodes']} nodes"),
+        (f"{sum(s['gpu_hours'].values()):,.0f}", "GPU-hours in the window"),
+        (f"{sh['useful']:.0%}", "useful"),
+        (f"{sh['idle']:.0%}", "idle"),
+        (f"{sh['starved']:.0%}", "starved"),
+        (f"{sh['idle_held']:.0%}", "idle-held"),
+    ]
+    card_html = "".join(
+        f'<div class="card"><div class="n">{_e(n)}</div><div class="l">{_e(label)}</div></div>'
+        for n, label in cards
+    )
+    shares = {k: sh[k] for k in ("useful", "idle", "starved", "idle_held", "noisy_neighbor")}
+    bar = svg.share_bar(
+        shares,
+        "Share of GPU-hours by outcome",
+        ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in shares.items()),
+    )
+    actions = "".join(f"<li>{_e(a)}</li>" for a in top_actions(doc)) or "<li>No findings.</li>"
+    return (
+        '<section id="headline"><h2>Headline</h2>'
+        + "".join(f"<p>{_e(x)}</p>" for x in headline(doc))
+        + f'<div class="cards">{card_html}</div>{bar}'
+        + f'<h3>Top actions</h3><ol class="actions">{actions}</ol></section>'
+    )
+
+
+def _timeline(doc: dict[str, Any]) -> str:
+    t = doc["summary"]["timeline"]["classes"]
+    series = {c: t[c] for c in CLASS_ORDER if c in t}
+    peaks = ", ".join(f"{c} up to {max(v)}" for c, v in series.items() if any(v))
+    chart = svg.stacked_area(
+        series,
+        "GPUs by class over the window",
+        f"Stacked GPUs per hour by class: {peaks}.",
+        x_labels=timeline_labels(doc),
+    )
+    return f'<section id="timeline"><h2>Fleet timeline</h2>{chart}</section>'
+
+
+def _real(doc: dict[str, Any]) -> str:
+    real = doc["summary"]["real_utilization"]
+    groups = {
+        c: {
+            "utilization": v["utilization"],
+            "power": v["power_of_limit"],
+            "sm_active": v["sm_active"],
+        }
+        for c, v in real.items()
+    }
+    desc = "; ".join(
+        f"{c}: utilization {_p(v['utilization'])}, power {_p(v['power'])}, SM {_p(v['sm_active'])}"
+        for c, v in groups.items()
+    )
+    chart = svg.grouped_bars(groups, "Utilization beside power and SM activity, per class", desc)
+    note = (
+        "<p>Utilization is a duty cycle, not efficiency: a rank blocked in an all-reduce reads "
+        "100%. Where utilization is far above power and SM activity, GPUs are waiting, not "
+        "working; that gap is what the starved findings measure.</p>"
+    )
+    return f'<section id="utilization"><h2>Utilization that is real</h2>{note}{chart}</section>'
+
+
+def _p(v: float | None) -> str:
+    return "not reported" if v is None else f"{v:.0%}"
+
+
+def _findings(doc: dict[str, Any]) -> str:
+    parts = ['<section id="findings"><h2>Findings</h2>']
+    causes = starved_by_cause(doc)
+    parts.append("<h3>Starved accelerators</h3>")
+    if causes:
+        parts.append(
+            _table(
+                ["cause", "GPU-hours lost", "GPUs"],
+                [[c, f"{h:,.1f}", n] for c, h, n in causes],
+                {1, 2},
+            )
+        )
+    for kind, title in (
+        ("starved", None),
+        ("noisy_neighbor", "Noisy neighbours"),
+        ("idle_held", "Idle-held GPUs"),
+    ):
+        rows = finding_rows(doc, kind)
+        if title:
+            parts.append(f"<h3>{title}</h3>")
+        if not rows:
+            parts.append('<p class="muted">None found.</p>')
+            continue
+        body = []
+        for f in rows[:TOP_N]:
+            spark = svg.sparkline(
+                {
+                    k: v
+                    for k, v in f.get("series", {}).items()
+                    if k in ("utilization", "power", "memory")
+                },
+                f"Evidence for {f['node']}/{f['gpu']}",
+                "Utilization (solid), power against the limit (dashed) and memory (dash-dot) "
+                f"over the finding: {f['evidence'][0]}",
+            )
+            body.append(
+                f"<tr><td>{_e(f['node'])}/{_e(f['gpu'])}</td>"
+                f'<td class="num">{f["gpu_hours_lost"]:,.1f}</td>'
+                f'<td>{_e(finding_what(f))}<div class="ev">{_e(f["evidence"][-1])}</div></td>'
+                f"<td>{spark}</td></tr>"
+            )
+        parts.append(
+            '<table><thead><tr><th scope="col">GPU</th><th scope="col" class="num">GPU-h</th>'
+            '<th scope="col">what and why</th><th scope="col">evidence</th></tr></thead><tbody>'
+            + "".join(body)
+            + "</tbody></table>"
+        )
+        if len(rows) > TOP_N:
+            parts.append(f'<p class="muted">... and {len(rows) - TOP_N} more (see the JSON).</p>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _recommendations(doc: dict[str, Any]) -> str:
+    parts = ['<section id="recommendations"><h2>Recommendations</h2>']
+    for r in doc["recommendations"]:
+        chart = _recommendation_chart(r)
+        fields = "".join(f"<li>{_e(x)}</li>" for x in recommendation_fields(r))
+        evidence = "".join(f"<li>{_e(x)}</li>" for x in r["evidence"][:6])
+        parts.append(
+            f'<div class="rec"><p><span class="kind">{_e(r["kind"])}</span>: {_e(r["summary"])}</p>'
+            f"<ul>{fields}</ul>{chart}<details><summary>evidence</summary><ul>{evidence}</ul>"
+            "</details></div>"
+        )
+    for n in doc["not_enough_data"]:
+        parts.append(
+            f'<p class="muted"><span class="kind">{_e(n["kind"])}</span>: not enough data '
+            f"({_e(n['reason'])})</p>"
+        )
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _recommendation_chart(r: dict[str, Any]) -> str:
+    if r["kind"] == "reservation" and r.get("demand_by_hour"):
+        profile = r["demand_by_hour"]
+        sched = r["schedule"]["gpus"]
+        hourly = sched if len(sched) == 24 else [max(sched[h::24]) for h in range(24)]
+        series = {
+            "demand": profile["p50"],
+            "demand_p99": profile["p99"],
+            "reserved": hourly,
+            "current": [r["current_gpus"]] * 24,
+        }
+        return svg.lines(
+            series,
+            f"Demand and reservation for {r['pool']} by hour of day (UTC)",
+            f"Median demand peaks at {max(profile['p50']):.1f} GPUs and p99 at "
+            f"{max(profile['p99']):.1f}; the reservation schedule runs {min(hourly)} to "
+            f"{max(hourly)} GPUs; the service holds {r['current_gpus']} today.",
+            steps=("reserved",),
+            x_labels=[(h, f"{h:02d}:00") for h in range(0, 24, 3)],
+            height=200,
+        )
+    if r["kind"] == "split":
+        pools = r["pools"]
+        today = r.get("gpus_by_class", {})
+        rows = {
+            "after": {
+                "inference": pools["inference-reserved"],
+                "training": pools["training"],
+                "batch": pools["flexible"],
+            }
+        }
+        if today:
+            rows = {"today": today, **rows}
+        return svg.stacked_bars(
+            rows,
+            "GPUs by class today, and by pool after the split",
+            "Today: "
+            + ", ".join(f"{k} {v}" for k, v in today.items())
+            + ". After: "
+            + ", ".join(f"{k} {v}" for k, v in pools.items())
+            + " (flexible shown as batch).",
+        )
+    return ""
+
+
+def _detail(doc: dict[str, Any]) -> str:
+    nodes = doc["summary"]["nodes_detail"]
+    node_rows = [
+        [
+            n["node"],
+            n["gpus"],
+            n["model"] or "",
+            ", ".join(f"{k} {v}" for k, v in n["classes"].items()),
+            n["findings"],
+            f"{n['gpu_hours_lost']:,.1f}",
+        ]
+        for n in nodes
+    ]
+    gpus = doc["gpus"][: TOP_N * 8]
+    gpu_rows = [
+        [
+            f"{g['node']}/{g['gpu']}",
+            g["model"] or "",
+            g["class"],
+            f"{g['confidence']:.2f}",
+            g["evidence"][1] if len(g["evidence"]) > 1 else g["evidence"][0],
+        ]
+        for g in gpus
+    ]
+    more = len(doc["gpus"]) - len(gpus)
+    return (
+        '<section id="detail"><h2>Per node and per GPU</h2>'
+        + _table(
+            ["node", "GPUs", "model", "classes", "findings", "GPU-h lost"], node_rows, {1, 4, 5}
+        )
+        + _table(["GPU", "model", "class", "confidence", "why"], gpu_rows, {3})
+        + (f'<p class="muted">... and {more} more GPUs (see the JSON).</p>' if more > 0 else "")
+        + "</section>"
+    )
+
+
+def _coverage(doc: dict[str, Any]) -> str:
+    items = "".join(f"<li>{_e(x)}</li>" for x in coverage_lines(doc))
+    return f'<section id="coverage"><h2>Data coverage</h2><ul>{items}</ul></section>'
+
+
+def _table(header: list[str], rows: list[list[object]], numeric: set[int] = frozenset()) -> str:  # type: ignore[assignment]
+    head = "".join(
+        f'<th scope="col"{" class=num" if i in numeric else ""}>{_e(h)}</th>'
+        for i, h in enumerate(header)
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td{' class=num' if i in numeric else ''}>{_e(c)}</td>" for i, c in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

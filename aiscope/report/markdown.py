@@ -1,0 +1,146 @@
+"""The report as Markdown (GitHub-flavoured tables; charts are in the HTML form)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiscope.report import TOP_N
+from aiscope.report.content import (
+    CLASS_ORDER,
+    coverage_lines,
+    finding_rows,
+    finding_what,
+    headline,
+    recommendation_fields,
+    starved_by_cause,
+    top_actions,
+    window,
+)
+
+
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[object]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def render(doc: dict[str, Any]) -> str:
+    s = doc["summary"]
+    lines = ["# aiscope weekly report", "", f"Window: {window(doc)}", "", "## Headline", ""]
+    lines += headline(doc)
+    lines += ["", "Top actions:", ""]
+    lines += [f"{i}. {a}" for i, a in enumerate(top_actions(doc), 1)] or ["No findings."]
+    lines += ["", "## Fleet timeline", "", "GPUs by class, peak and mean over the window:", ""]
+    timeline = s["timeline"]["classes"]
+    lines += _table(
+        ["class", "peak GPUs", "mean GPUs"],
+        [
+            [c, max(timeline[c]), f"{sum(timeline[c]) / max(len(timeline[c]), 1):.1f}"]
+            for c in CLASS_ORDER
+            if any(timeline.get(c, []))
+        ],
+    )
+    lines += ["", "## Utilization that is real", ""]
+    lines += [
+        "Utilization is a duty cycle: a rank waiting in an all-reduce reads 100%. Power and SM "
+        "activity show how much work was done.",
+        "",
+    ]
+    lines += _table(
+        ["class", "utilization", "power / limit", "SM activity"],
+        [
+            [c, _pct(v["utilization"]), _pct(v["power_of_limit"]), _pct(v["sm_active"])]
+            for c, v in s["real_utilization"].items()
+        ],
+    )
+    lines += ["", "## Findings", ""]
+    lines += _findings(doc)
+    lines += ["", "## Recommendations", ""]
+    for r in doc["recommendations"]:
+        lines += [f"- **{r['kind']}**: {r['summary']}"]
+        lines += [f"  - {x}" for x in recommendation_fields(r)]
+    lines += [f"- **{n['kind']}**: not enough data ({n['reason']})" for n in doc["not_enough_data"]]
+    lines += ["", "## Per node", ""]
+    nodes = s["nodes_detail"]
+    lines += _table(
+        ["node", "GPUs", "model", "classes", "findings", "GPU-h lost"],
+        [
+            [
+                n["node"],
+                n["gpus"],
+                n["model"] or "",
+                ", ".join(f"{k} {v}" for k, v in n["classes"].items()),
+                n["findings"],
+                f"{n['gpu_hours_lost']:.1f}",
+            ]
+            for n in nodes[: TOP_N * 4]
+        ],
+    )
+    lines += ["", "## Per GPU", ""]
+    gpus = doc["gpus"]
+    lines += _table(
+        ["node/gpu", "model", "class", "confidence", "starved GPU-h", "why"],
+        [
+            [
+                f"{g['node']}/{g['gpu']}",
+                g["model"] or "",
+                g["class"],
+                f"{g['confidence']:.2f}",
+                "" if g.get("starved_gpu_hours") is None else f"{g['starved_gpu_hours']:.1f}",
+                g["evidence"][1] if len(g["evidence"]) > 1 else g["evidence"][0],
+            ]
+            for g in gpus[: TOP_N * 8]
+        ],
+    )
+    if len(gpus) > TOP_N * 8:
+        lines += ["", f"... and {len(gpus) - TOP_N * 8} more GPUs (see the JSON)."]
+    lines += ["", "## Data coverage", ""]
+    lines += [f"- {x}" for x in coverage_lines(doc)]
+    return "\n".join(lines) + "\n"
+
+
+def _findings(doc: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    causes = starved_by_cause(doc)
+    out += ["### Starved", ""]
+    if causes:
+        out += _table(
+            ["cause", "GPU-hours lost", "GPUs"], [[c, f"{h:.1f}", n] for c, h, n in causes]
+        )
+        out += [""]
+    for kind, title in (
+        ("starved", None),
+        ("noisy_neighbor", "Noisy neighbours"),
+        ("idle_held", "Idle-held"),
+    ):
+        rows = finding_rows(doc, kind)
+        if title:
+            out += [f"### {title}", ""]
+        if not rows:
+            out += ["None found.", ""]
+            continue
+        out += _table(
+            ["node/gpu", "GPU-h", "what", "from", "to"],
+            [
+                [
+                    f"{f['node']}/{f['gpu']}",
+                    f"{f['gpu_hours_lost']:.1f}",
+                    finding_what(f),
+                    f["start"],
+                    f["end"],
+                ]
+                for f in rows[:TOP_N]
+            ],
+        )
+        if len(rows) > TOP_N:
+            out += ["", f"... and {len(rows) - TOP_N} more {kind} findings."]
+        out += ["", f"Evidence for the costliest: {'; '.join(rows[0]['evidence'])}", ""]
+    return out
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0%}"

@@ -1,0 +1,337 @@
+"""A compact SVG chart renderer for the report: stacked areas, bars, lines and sparklines.
+
+Why our own and not a library: the report must be one self-contained file readable offline and by
+mail clients that strip scripts, so charts are static inline SVG. matplotlib would add ~40 MB
+and a font cache to a telemetry tool; pygal and friends emit scripts or external CSS for their
+tooltips. The five chart types here are under 300 lines and fully under test.
+
+Accessibility: every chart is ``role="img"`` with a ``<title>`` and a ``<desc>`` that states
+its numbers in words (the alt text); colours are the Okabe-Ito palette, safe for the common
+colour-vision deficiencies, and every series also has a pattern or a dash, so charts read in
+greyscale print too.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+from collections.abc import Sequence
+
+#: Okabe & Ito (2008), "Color Universal Design": distinguishable for protan, deutan and tritan.
+COLORS = {
+    "training": "#0072B2",
+    "inference": "#E69F00",
+    "batch": "#009E73",
+    "interactive": "#CC79A7",
+    "idle": "#BBBBBB",
+    "flexible": "#56B4E9",
+    "useful": "#009E73",
+    "starved": "#D55E00",
+    "idle_held": "#CC79A7",
+    "noisy_neighbor": "#E69F00",
+    "utilization": "#0072B2",
+    "power": "#D55E00",
+    "sm_active": "#009E73",
+    "memory": "#999999",
+    "demand": "#E69F00",
+    "reserved": "#0072B2",
+    "current": "#555555",
+}
+#: Patterns per series, so each reads without colour (print, colour-vision deficiency).
+PATTERNS = {
+    "training": None,
+    "inference": "diag",
+    "batch": "dots",
+    "interactive": "cross",
+    "idle": "horiz",
+    "flexible": "dots",
+    "useful": None,
+    "starved": "diag",
+    "idle_held": "dots",
+    "noisy_neighbor": "cross",
+}
+DASHES = {"utilization": "", "power": "6 3", "sm_active": "2 2", "memory": "8 2 2 2"}
+_ids = itertools.count()
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _label(x: float, y: float, text: str, anchor: str = "middle") -> str:
+    return f'<text x="{x:.1f}" y="{y:.1f}" class="lbl" text-anchor="{anchor}">{_esc(text)}</text>'
+
+
+def _open(width: int, height: int, title: str, desc: str) -> tuple[str, str]:
+    n = next(_ids)
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="100%" role="img" aria-labelledby="t{n} d{n}" class="chart">'
+        f'<title id="t{n}">{_esc(title)}</title><desc id="d{n}">{_esc(desc)}</desc>'
+    )
+    return head, str(n)
+
+
+def defs(names: Sequence[str], uid: str) -> str:
+    """Pattern fills: the series colour with a hatch, dots, cross or stripes over it."""
+    out = ["<defs>"]
+    for name in names:
+        color = COLORS.get(name, "#777777")
+        kind = PATTERNS.get(name)
+        pid = f"p{uid}-{name}"
+        marks = {
+            "diag": '<path d="M0,8 L8,0" stroke="#fff" stroke-width="1.5" opacity="0.7"/>',
+            "dots": '<circle cx="4" cy="4" r="1.4" fill="#fff" opacity="0.8"/>',
+            "cross": '<path d="M0,0 L8,8 M8,0 L0,8" stroke="#fff" stroke-width="1" opacity="0.7"/>',
+            "horiz": '<path d="M0,4 L8,4" stroke="#fff" stroke-width="1.2" opacity="0.8"/>',
+        }.get(kind or "", "")
+        out.append(
+            f'<pattern id="{pid}" width="8" height="8" patternUnits="userSpaceOnUse">'
+            f'<rect width="8" height="8" fill="{color}"/>{marks}</pattern>'
+        )
+    out.append("</defs>")
+    return "".join(out)
+
+
+def fill(name: str, uid: str) -> str:
+    return f"url(#p{uid}-{name})"
+
+
+def _legend(
+    names: Sequence[str], uid: str, x: int, y: int, labels: dict[str, str] | None = None
+) -> str:
+    out = []
+    for i, name in enumerate(names):
+        lx = x + i * 120
+        label = (labels or {}).get(name, name.replace("_", " "))
+        out.append(
+            f'<rect x="{lx}" y="{y}" width="12" height="12" fill="{fill(name, uid)}" '
+            f'stroke="#333" stroke-width="0.5"/>'
+            f'<text x="{lx + 17}" y="{y + 10}" class="lbl">{_esc(label)}</text>'
+        )
+    return "".join(out)
+
+
+def stacked_area(
+    series: dict[str, Sequence[float]],
+    title: str,
+    desc: str,
+    x_labels: Sequence[tuple[int, str]] = (),
+    y_label: str = "GPUs",
+    width: int = 760,
+    height: int = 240,
+) -> str:
+    """Stacked areas (GPUs by class over time). ``x_labels``: (index, text) ticks."""
+    head, uid = _open(width, height, title, desc)
+    names = [n for n in series if any(series[n])]
+    n = max((len(v) for v in series.values()), default=0)
+    left, right, top, bottom = 44, 10, 28, 26
+    w, h = width - left - right, height - top - bottom
+    totals = [sum(series[k][i] for k in names) for i in range(n)]
+    ymax = max(max(totals, default=0), 1)
+    parts = [head, defs(names, uid), _axes(left, top, w, h, ymax, y_label)]
+    base = [0.0] * n
+    for name in names:
+        upper = [base[i] + series[name][i] for i in range(n)]
+        xs = [left + w * i / max(n - 1, 1) for i in range(n)]
+        top_pts = [f"{x:.1f},{top + h - h * u / ymax:.1f}" for x, u in zip(xs, upper, strict=True)]
+        bot_pts = [f"{x:.1f},{top + h - h * b / ymax:.1f}" for x, b in zip(xs, base, strict=True)]
+        parts.append(
+            f'<polygon points="{" ".join(top_pts + bot_pts[::-1])}" fill="{fill(name, uid)}" '
+            f'stroke="#fff" stroke-width="0.3"/>'
+        )
+        base = upper
+    for i, text in x_labels:
+        x = left + w * i / max(n - 1, 1)
+        if x <= width - 24:  # a label at the right edge would be cut off
+            parts.append(_label(x, height - 8, text))
+    parts.append(_legend(names, uid, left, 6))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _axes(left: int, top: int, w: int, h: int, ymax: float, label: str, pct: bool = False) -> str:
+    out = [f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#333"/>']
+    for k in range(5):
+        v = ymax * k / 4
+        y = top + h - h * k / 4
+        text = f"{v:.0%}" if pct else (f"{v:.0f}" if ymax >= 4 else f"{v:.1f}")
+        out.append(
+            f'<line x1="{left}" y1="{y:.1f}" x2="{left + w}" y2="{y:.1f}" stroke="#ddd" '
+            f'stroke-width="0.6"/>{_label(left - 5, y + 4, text, "end")}'
+        )
+    out.append(
+        f'<text x="10" y="{top + h / 2:.0f}" class="lbl" '
+        f'transform="rotate(-90 10 {top + h / 2:.0f})" text-anchor="middle">{_esc(label)}</text>'
+    )
+    return "".join(out)
+
+
+def grouped_bars(
+    groups: dict[str, dict[str, float | None]],
+    title: str,
+    desc: str,
+    width: int = 760,
+    height: int = 230,
+) -> str:
+    """Per group (a class), bars per measure (utilization, power, SM activity), as ratios."""
+    head, _ = _open(width, height, title, desc)
+    measures = ["utilization", "power", "sm_active"]
+    left, top, bottom = 44, 30, 30
+    w, h = width - left - 10, height - top - bottom
+    parts = [head, _axes(left, top, w, h, 1.0, "share", pct=True)]
+    slot = w / max(len(groups), 1)
+    bar = min(slot / (len(measures) + 1), 40)
+    for gi, (group, values) in enumerate(groups.items()):
+        x0 = left + gi * slot + (slot - bar * len(measures)) / 2
+        for mi, m in enumerate(measures):
+            v = values.get(m)
+            x = x0 + mi * bar
+            if v is None:
+                parts.append(_label(x + bar / 2, top + h - 4, "n/a"))
+                continue
+            bh = h * min(v, 1.0)
+            dash = DASHES.get(m, "")
+            parts.append(
+                f'<rect x="{x:.1f}" y="{top + h - bh:.1f}" width="{bar - 3:.1f}" height="{bh:.1f}" '
+                f'fill="{COLORS[m]}" stroke="#222" stroke-width="0.8" stroke-dasharray="{dash}"/>'
+                f'<text x="{x + bar / 2 - 1:.1f}" y="{top + h - bh - 3:.1f}" class="lbl" '
+                f'text-anchor="middle">{v:.0%}</text>'
+            )
+        parts.append(
+            f'<text x="{left + gi * slot + slot / 2:.1f}" y="{height - 10}" class="lbl" '
+            f'text-anchor="middle">{_esc(group)}</text>'
+        )
+    legend = {
+        "utilization": "utilization (duty cycle)",
+        "power": "power / limit",
+        "sm_active": "SM activity",
+    }
+    for i, m in enumerate(measures):
+        x = left + i * 190
+        parts.append(
+            f'<rect x="{x}" y="6" width="12" height="12" fill="{COLORS[m]}" stroke="#222" '
+            f'stroke-dasharray="{DASHES.get(m, "")}"/>{_label(x + 17, 16, legend[m], "start")}'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def lines(
+    series: dict[str, Sequence[float | None]],
+    title: str,
+    desc: str,
+    width: int = 760,
+    height: int = 220,
+    y_label: str = "GPUs",
+    steps: Sequence[str] = (),
+    x_labels: Sequence[tuple[int, str]] = (),
+) -> str:
+    """Line chart (``steps`` names are drawn as step lines: a reservation schedule)."""
+    head, _ = _open(width, height, title, desc)
+    left, top, bottom = 44, 30, 28
+    w, h = width - left - 10, height - top - bottom
+    values = [v for s in series.values() for v in s if v is not None]
+    ymax = max(max(values, default=1.0) * 1.1, 1.0)
+    parts = [head, _axes(left, top, w, h, ymax, y_label)]
+    dashes = ["", "6 3", "2 2", "8 2 2 2"]
+    for k, (name, s) in enumerate(series.items()):
+        n = len(s)
+        pts: list[str] = []
+        for i, v in enumerate(s):
+            if v is None:
+                continue
+            x = left + w * i / max(n - 1, 1)
+            y = top + h - h * v / ymax
+            if name in steps and pts:
+                pts.append(f"{x:.1f},{pts[-1].split(',')[1]}")
+            pts.append(f"{x:.1f},{y:.1f}")
+        color = COLORS.get(name, "#444")
+        parts.append(
+            f'<polyline points="{" ".join(pts)}" fill="none" stroke="{color}" stroke-width="2" '
+            f'stroke-dasharray="{dashes[k % len(dashes)]}"/>'
+        )
+        parts.append(
+            f'<line x1="{left + k * 170}" y1="12" x2="{left + k * 170 + 22}" y2="12" '
+            f'stroke="{color}" stroke-width="2" stroke-dasharray="{dashes[k % len(dashes)]}"/>'
+            + _label(left + k * 170 + 27, 16, name.replace("_", " "), "start")
+        )
+    n = max((len(s) for s in series.values()), default=1)
+    for i, text in x_labels:
+        x = left + w * i / max(n - 1, 1)
+        if x <= width - 24:  # a label at the right edge would be cut off
+            parts.append(_label(x, height - 8, text))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def sparkline(series: dict[str, Sequence[float | None]], title: str, desc: str) -> str:
+    """A small chart of a finding's evidence (0..1 ratios), 240x48."""
+    width, height = 240, 48
+    head, _ = _open(width, height, title, desc)
+    parts = [head, f'<rect width="{width}" height="{height}" fill="#fafafa" stroke="#ddd"/>']
+    for name, s in series.items():
+        n = len(s)
+        pts = [
+            f"{2 + (width - 4) * i / max(n - 1, 1):.1f},"
+            f"{height - 3 - (height - 6) * min(v, 1.0):.1f}"
+            for i, v in enumerate(s)
+            if v is not None
+        ]
+        if len(pts) > 1:
+            parts.append(
+                f'<polyline points="{" ".join(pts)}" fill="none" '
+                f'stroke="{COLORS.get(name, "#444")}" '
+                f'stroke-width="1.5" stroke-dasharray="{DASHES.get(name, "")}"/>'
+            )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def share_bar(shares: dict[str, float], title: str, desc: str, width: int = 760) -> str:
+    """One 100% bar: useful, idle, starved, idle-held, noisy-neighbour shares of GPU-hours."""
+    height = 56
+    head, uid = _open(width, height, title, desc)
+    names = [k for k, v in shares.items() if v > 0]
+    parts = [head, defs(names, uid)]
+    x = 0.0
+    for name in names:
+        w = (width - 2) * shares[name]
+        parts.append(
+            f'<rect x="{x + 1:.1f}" y="2" width="{max(w, 0.5):.1f}" height="26" '
+            f'fill="{fill(name, uid)}" '
+            f'stroke="#fff" stroke-width="1"/>'
+        )
+        x += w
+    labels = {k: f"{k.replace('_', ' ')} {shares[k]:.0%}" for k in names}
+    parts.append(_legend(names, uid, 0, 38, labels))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def stacked_bars(rows: dict[str, dict[str, float]], title: str, desc: str, width: int = 760) -> str:
+    """Horizontal 100% bars, one per row (before / after a split), segments by name."""
+    height = 30 + 34 * len(rows) + 22
+    head, uid = _open(width, height, title, desc)
+    names = list(dict.fromkeys(n for r in rows.values() for n in r))
+    parts = [head, defs(names, uid)]
+    left = 110
+    for i, (label, segments) in enumerate(rows.items()):
+        y = 8 + i * 34
+        total = sum(segments.values()) or 1.0
+        x = float(left)
+        parts.append(
+            f'<text x="{left - 8}" y="{y + 17}" class="lbl" text-anchor="end">{_esc(label)}</text>'
+        )
+        for name, value in segments.items():
+            w = (width - left - 6) * value / total
+            if w <= 0:
+                continue
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="24" fill="{fill(name, uid)}" '
+                f'stroke="#fff"/><text x="{x + 4:.1f}" y="{y + 16}" class="lbl">{value:g}</text>'
+            )
+            x += w
+    parts.append(_legend(names, uid, left, height - 18))
+    parts.append("</svg>")
+    return "".join(parts)

@@ -1,0 +1,106 @@
+"""The report on a terminal, with Rich: tables, colour on a terminal, plain text when piped."""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from aiscope.report import TOP_N
+from aiscope.report.content import (
+    coverage_lines,
+    finding_what,
+    headline,
+    recommendation_fields,
+    starved_by_cause,
+    top_actions,
+    window,
+)
+
+
+def render(doc: dict[str, Any], file: IO[str] | None = None, width: int | None = None) -> None:
+    """Print the report. Colour only when ``file`` is a terminal (Rich decides; NO_COLOR is
+    honoured)."""
+    console = Console(file=file, width=width, highlight=False, soft_wrap=False)
+    _headline(console, doc)
+    _findings(console, doc)
+    _recommendations(console, doc)
+    _nodes(console, doc)
+
+
+def _headline(console: Console, doc: dict[str, Any]) -> None:
+    console.rule(f"[bold]aiscope weekly report[/bold]  {window(doc)}")
+    for line in headline(doc):
+        console.print(line)
+    console.print()
+    console.print("[bold]Top actions[/bold]")
+    for i, a in enumerate(top_actions(doc), 1):
+        console.print(f"  {i}. {a}")
+    if not doc["summary"]["top_actions"]:
+        console.print("  No findings.")
+    console.print()
+    real = Table(title="Utilization that is real", title_justify="left")
+    for col in ("class", "utilization", "power / limit", "SM activity"):
+        real.add_column(col, justify="right" if col != "class" else "left")
+    for cls, v in doc["summary"]["real_utilization"].items():
+        real.add_row(cls, _pct(v["utilization"]), _pct(v["power_of_limit"]), _pct(v["sm_active"]))
+    console.print(real)
+
+
+def _findings(console: Console, doc: dict[str, Any]) -> None:
+    causes = starved_by_cause(doc)
+    if causes:
+        console.print(
+            "Starved by cause: " + ", ".join(f"{c} {h:,.1f} GPU-h ({n} GPUs)" for c, h, n in causes)
+        )
+    findings = Table(title="Findings (costliest first)", title_justify="left")
+    for col in ("kind", "GPU", "GPU-h", "what"):
+        findings.add_column(col, justify="right" if col == "GPU-h" else "left")
+    rows = doc["findings"][:TOP_N]
+    for f in rows:
+        style = {"starved": "yellow", "noisy_neighbor": "magenta", "idle_held": "cyan"}[f["kind"]]
+        findings.add_row(
+            f"[{style}]{f['kind']}[/{style}]",
+            f"{f['node']}/{f['gpu']}",
+            f"{f['gpu_hours_lost']:,.1f}",
+            finding_what(f),
+        )
+    console.print(findings)
+    if len(doc["findings"]) > TOP_N:
+        more = len(doc["findings"]) - TOP_N
+        console.print(f"... and {more} more findings (see --out report.json).")
+    console.print()
+
+
+def _recommendations(console: Console, doc: dict[str, Any]) -> None:
+    console.print("[bold]Recommendations[/bold]")
+    for r in doc["recommendations"]:
+        console.print(f"- [bold]{r['kind']}[/bold]: {r['summary']}")
+        for x in recommendation_fields(r):
+            console.print(f"    {x}")
+    for n in doc["not_enough_data"]:
+        console.print(f"- [dim]{n['kind']}: not enough data ({n['reason']})[/dim]")
+    console.print()
+
+
+def _nodes(console: Console, doc: dict[str, Any]) -> None:
+    nodes = Table(title="Per node", title_justify="left")
+    for col in ("node", "GPUs", "classes", "findings", "GPU-h lost"):
+        nodes.add_column(col)
+    for n in doc["summary"]["nodes_detail"][: TOP_N * 4]:
+        nodes.add_row(
+            n["node"],
+            str(n["gpus"]),
+            ", ".join(f"{k} {v}" for k, v in n["classes"].items()),
+            str(n["findings"]),
+            f"{n['gpu_hours_lost']:,.1f}",
+        )
+    console.print(nodes)
+    console.print("[bold]Data coverage[/bold]")
+    for line in coverage_lines(doc):
+        console.print(f"  {line}")
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0%}"

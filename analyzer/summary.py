@@ -1,0 +1,209 @@
+"""The fleet-level summary in the analysis document: what the weekly report is drawn from.
+
+Everything the report shows comes from the ``aiscope.analysis/1`` document, so the JSON, the
+Markdown, the HTML and the terminal forms always agree. This module adds the ``summary`` object:
+GPU-hours by class and how much of them was useful, idle, starved or idle-held; the top actions;
+a per-hour fleet timeline by class; "utilization that is real" (utilization beside power and SM
+activity, per class); per-node figures; and data coverage (missing fields, gaps, lost GPUs).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from typing import Any
+
+from analyzer.classify import CLASSES, GpuVerdict
+from analyzer.findings import Finding
+from analyzer.load import Bucket, FleetData
+
+HOUR = 3600
+FIELDS = {
+    "utilization": "util",
+    "power": "power_watts",
+    "sm_active": "sm_active",
+    "memory": "memory_bytes",
+}
+
+
+def class_at(v: GpuVerdict, t: float) -> str:
+    return next((s.gpu_class for s in v.segments if s.start <= t < s.end), "idle")
+
+
+def summarize(
+    data: FleetData, verdicts: list[GpuVerdict], findings: tuple[Finding, ...]
+) -> dict[str, Any]:
+    hours = data.bucket_seconds / HOUR
+    by_class: dict[str, float] = {}
+    for v in verdicts:
+        for b in data.buckets.get(v.info.uuid, ()):
+            cls = class_at(v, b.start)
+            by_class[cls] = by_class.get(cls, 0.0) + hours
+    total = sum(by_class.values()) or 1.0
+    lost: dict[str, float] = {"starved": 0.0, "idle_held": 0.0, "noisy_neighbor": 0.0}
+    for f in findings:
+        lost[f.kind] = lost.get(f.kind, 0.0) + f.gpu_hours_lost
+    idle = by_class.get("idle", 0.0)
+    wasted = lost["starved"] + lost["idle_held"] + lost["noisy_neighbor"]
+    return {
+        "gpus": len(verdicts),
+        "nodes": len({v.info.node for v in verdicts}),
+        "hours": round((data.window_end - data.window_start) / HOUR, 1),
+        "gpu_hours": {c: round(by_class.get(c, 0.0), 1) for c in CLASSES},
+        "shares": {
+            "useful": round(max(total - idle - wasted, 0.0) / total, 3),
+            "idle": round(idle / total, 3),
+            "starved": round(lost["starved"] / total, 3),
+            "idle_held": round(lost["idle_held"] / total, 3),
+            "noisy_neighbor": round(lost["noisy_neighbor"] / total, 3),
+        },
+        "top_actions": top_actions(findings),
+        "timeline": _timeline(data, verdicts),
+        "real_utilization": _real_utilization(data, verdicts),
+        "nodes_detail": _nodes(data, verdicts, findings),
+        "coverage": _coverage(data),
+    }
+
+
+def top_actions(findings: tuple[Finding, ...], n: int = 3) -> list[dict[str, Any]]:
+    """The costliest remedies: findings grouped by what one would act on (a job's input
+    pipeline, a holder to release, a pair of tenants to separate)."""
+    groups: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        if f.kind == "starved":
+            verb = {
+                "input_cpu": "Give {job} more CPU for its input pipeline",
+                "input_io": "Speed up {job}'s data loading (storage)",
+                "network": "Relieve {job}'s network",
+                "communication": "Cut {job}'s waits in collectives (stragglers, checkpoints)",
+                "throttled": "Cool or uncap {job}'s GPUs (clock throttling)",
+            }.get(str(f.detail("cause")), "Investigate why {job} waits")
+            key = (verb.format(job=f.detail("job")), "starved")
+        elif f.kind == "idle_held":
+            key = (f"Release the GPU held idle by {f.detail('holder')}", "idle_held")
+        else:
+            key = (
+                f"Separate {f.detail('victim')} from {f.detail('aggressor')} "
+                f"({f.detail('resource')})",
+                "noisy_neighbor",
+            )
+        groups.setdefault(key, []).append(f)
+    ranked = sorted(groups.items(), key=lambda kv: (-sum(f.gpu_hours_lost for f in kv[1]), kv[0]))
+    return [
+        {
+            "action": action,
+            "kind": kind,
+            "gpus": len({f.uuid for f in group}),
+            "gpu_hours": round(sum(f.gpu_hours_lost for f in group), 1),
+        }
+        for (action, kind), group in ranked[:n]
+    ]
+
+
+def _timeline(data: FleetData, verdicts: list[GpuVerdict]) -> dict[str, Any]:
+    """GPUs by class per hour (the class a GPU had for most of the hour)."""
+    start = data.window_start - data.window_start % HOUR
+    slots = int((data.window_end - start) // HOUR) + 1
+    counts = {c: [0] * slots for c in CLASSES}
+    for v in verdicts:
+        per_hour: dict[int, Counter[str]] = {}
+        for b in data.buckets.get(v.info.uuid, ()):
+            per_hour.setdefault(int((b.start - start) // HOUR), Counter())[
+                class_at(v, b.start)
+            ] += 1
+        for slot, classes in per_hour.items():
+            if 0 <= slot < slots:
+                counts[max(classes, key=lambda c: (classes[c], c))][slot] += 1
+    return {"start": start, "step_seconds": HOUR, "classes": counts}
+
+
+def _real_utilization(data: FleetData, verdicts: list[GpuVerdict]) -> dict[str, Any]:
+    """Per class: mean utilization (a duty cycle), mean power against the limit, mean SM
+    activity where reported. A class at 95% utilization and 40% power is waiting, not working."""
+    acc: dict[str, dict[str, list[float]]] = {}
+    for v in verdicts:
+        limit = v.info.power_limit_watts
+        for b in data.buckets.get(v.info.uuid, ()):
+            cls = class_at(v, b.start)
+            if cls == "idle":
+                continue
+            entry = acc.setdefault(cls, {"utilization": [], "power_of_limit": [], "sm_active": []})
+            if b.util is not None:
+                entry["utilization"].append(b.util)
+            if b.power_watts is not None and limit:
+                entry["power_of_limit"].append(b.power_watts / limit)
+            if b.sm_active is not None:
+                entry["sm_active"].append(b.sm_active)
+    return {
+        cls: {k: (round(statistics.fmean(v), 3) if v else None) for k, v in entry.items()}
+        for cls, entry in sorted(acc.items())
+    }
+
+
+def _nodes(
+    data: FleetData, verdicts: list[GpuVerdict], findings: tuple[Finding, ...]
+) -> list[dict[str, Any]]:
+    out = []
+    for node in sorted({v.info.node for v in verdicts}):
+        mine = [v for v in verdicts if v.info.node == node]
+        lost = [f for f in findings if f.node == node]
+        out.append(
+            {
+                "node": node,
+                "gpus": len(mine),
+                "model": mine[0].info.model if mine else None,
+                "classes": dict(sorted(Counter(v.gpu_class for v in mine).items())),
+                "findings": len(lost),
+                "gpu_hours_lost": round(sum(f.gpu_hours_lost for f in lost), 1),
+            }
+        )
+    return out
+
+
+def _coverage(data: FleetData) -> dict[str, Any]:
+    buckets = [b for bs in data.buckets.values() for b in bs]
+    n = max(len(buckets), 1)
+    expected = (data.window_end - data.window_start) / data.bucket_seconds * len(data.gpus)
+    down = sum(b.samples - b.up_samples for b in buckets)
+    samples = sum(b.samples for b in buckets)
+    missing = {
+        name: round(sum(1 for b in buckets if getattr(b, attr) is None) / n, 3)
+        for name, attr in FIELDS.items()
+    }
+    return {
+        "samples": samples,
+        "intervals_expected": int(expected),
+        "intervals_missing": max(int(expected) - len(buckets), 0),
+        "samples_gpu_down": down,
+        "missing_fields": missing,
+        "events": dict(sorted(data.events.items())),
+    }
+
+
+def sparkline(data: FleetData, f: Finding, points: int = 48) -> dict[str, list[float | None]]:
+    """The finding's evidence over its span, at most ``points`` values per series: utilization,
+    power against the limit (or the GPU's maximum), and memory against the device."""
+    gpu = next((g for g in data.gpus if g.uuid == f.uuid), None)
+    inside = [b for b in data.buckets.get(f.uuid, ()) if f.start <= b.start < f.end]
+    if gpu is None or not inside:
+        return {}
+    step = max(1, len(inside) // points)
+    chunks = [inside[i : i + step] for i in range(0, len(inside), step)]
+    limit = gpu.power_limit_watts or max((b.power_watts or 0.0 for b in inside), default=0.0)
+    total = gpu.memory_total_bytes or max((b.memory_bytes or 0.0 for b in inside), default=0.0)
+    return {
+        "utilization": [_mean(c, lambda b: b.util) for c in chunks],
+        "power": [_ratio(_mean(c, lambda b: b.power_watts), limit) for c in chunks],
+        "memory": [_ratio(_mean(c, lambda b: b.memory_bytes), total) for c in chunks],
+    }
+
+
+def _mean(chunk: list[Bucket], get: Any) -> float | None:
+    values = [get(b) for b in chunk if get(b) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _ratio(value: float | None, ref: float | None) -> float | None:
+    if value is None or not ref:
+        return None
+    return round(min(value / ref, 1.5), 3)
