@@ -80,7 +80,13 @@ def report(
 
 def run_agent(args: argparse.Namespace, tmp: str) -> tuple[list, list, dict[str, float]]:
     config = load_config(
-        {"store": f"{tmp}/bench.duckdb", "listen": "127.0.0.1:0", "interval": 1.0}, env={}
+        {
+            "store": f"{tmp}/bench.duckdb",
+            "listen": "127.0.0.1:0",
+            "interval": 1.0,
+            "analysis_interval": args.analysis_interval,
+        },
+        env={},
     )
     library = synthetic_library(args.gpus, clock=time.time)
     library.account_cpu = True
@@ -127,6 +133,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--warmup", type=float, default=15.0)
     parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument(
+        "--analysis-interval",
+        type=float,
+        default=300.0,
+        help="seconds between trailing analyses (the agent's default: 300)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     baseline = subprocess.Popen([sys.executable, "-c", BASELINE], stdout=subprocess.PIPE, text=True)

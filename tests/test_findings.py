@@ -62,7 +62,7 @@ def build_store(
                 cgroup.split("job_")[1].split("/")[0] if "job_" in cgroup else None,
                 None,
                 None,
-                None,
+                cgroup.rsplit("/", 1)[-1] if cgroup.endswith(".service") else None,
                 T0,
                 T0 + minutes * 60,
             )

@@ -114,7 +114,7 @@ def test_live_agent_exports_idle_held_seconds(tmp_path: Path) -> None:
                 and m
             ),
             what="an idle-held GPU",
-            timeout=20,
+            timeout=50,
         )
     finally:
         agent.send_signal(signal.SIGTERM)

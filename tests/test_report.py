@@ -16,14 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.sim.engine import simulate
-from agent.sim.scenario import load as load_scenario
 from aiscope.report import ReportError, write
 from aiscope.report.html import render as render_html
 from aiscope.report.markdown import render as render_md
 from aiscope.report.text import render as render_text
 from analyzer.analysis import analyze
 from tests.conftest import REPO, require_tool
+from tests.test_findings import build_store
 
 GOLDEN = REPO / "tests" / "golden"
 UPDATE = bool(os.environ.get("AISCOPE_UPDATE_GOLDEN"))
@@ -31,8 +30,25 @@ UPDATE = bool(os.environ.get("AISCOPE_UPDATE_GOLDEN"))
 
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory) -> dict:
+    """A hand-built store (exact numbers, no simulator traces): four ranks of a job that wait
+    in collectives for the second half, a GPU held idle, an empty one, and a small server."""
     path = tmp_path_factory.mktemp("report") / "fleet.duckdb"
-    simulate(load_scenario("training-multinode"), path, days=0.25)
+
+    def ranks(m: int) -> tuple[float, float, float]:
+        return (0.97, 60.0, 600.0) if m < 240 else (0.98, 60.0, 260.0)
+
+    def server(m: int) -> tuple[float, float, float]:
+        load = 0.3 + 0.25 * ((m // 30) % 4) / 3
+        return (load, 72.0, 90.0 + 300.0 * load)
+
+    gpus = {i: ranks for i in range(4)}
+    gpus |= {4: lambda m: (0.0, 30.0, 80.0), 5: lambda m: (0.0, 0.0, 70.0), 6: server}
+    tenants = {i: (100 + i, "/slurm/uid_1000/job_41823/step_0") for i in range(4)}
+    tenants |= {
+        4: (300, "/system.slice/jupyter-alice.service"),
+        6: (400, "/slurm/uid_1/job_9/step_0"),
+    }
+    build_store(path, 480, gpus, tenants)
     out = analyze([str(path)], since="7d")
     out["stores"] = ["fleet.duckdb"]  # the temporary path is not part of the golden output
     return out

@@ -16,7 +16,8 @@ def headline(doc: dict[str, Any]) -> list[str]:
     )
     sh = s["shares"]
     lines = [
-        f"{s['gpus']} GPUs on {s['nodes']} nodes over {s['hours'] / 24:.1f} days: "
+        f"{s['gpus']} GPU{'s' if s['gpus'] != 1 else ''} on {s['nodes']} "
+        f"node{'s' if s['nodes'] != 1 else ''} over {s['hours'] / 24:.1f} days: "
         f"{total:,.0f} GPU-hours ({by_class}).",
         f"Useful {sh['useful']:.0%}, idle {sh['idle']:.0%}, starved {sh['starved']:.0%}, "
         f"idle-held {sh['idle_held']:.0%}, lost to noisy neighbours {sh['noisy_neighbor']:.0%}.",

@@ -93,7 +93,7 @@ def _headline(doc: dict[str, Any]) -> str:
     s = doc["summary"]
     sh = s["shares"]
     cards = [
-        (f"{s['gpus']}", f"GPUs on {s['nodes']} nodes"),
+        (f"{s['gpus']}", f"GPUs on {s['nodes']} node" + ("s" if s["nodes"] != 1 else "")),
         (f"{sum(s['gpu_hours'].values()):,.0f}", "GPU-hours in the window"),
         (f"{sh['useful']:.0%}", "useful"),
         (f"{sh['idle']:.0%}", "idle"),
@@ -278,39 +278,55 @@ def _recommendation_chart(r: dict[str, Any]) -> str:
 
 
 def _detail(doc: dict[str, Any]) -> str:
+    """A node table whose names link to that node's GPUs below (large fleets: the GPU table is
+    cut at ``TOP_N * 8`` rows, the rest counted)."""
     nodes = doc["summary"]["nodes_detail"]
-    node_rows = [
-        [
-            n["node"],
-            n["gpus"],
-            n["model"] or "",
-            ", ".join(f"{k} {v}" for k, v in n["classes"].items()),
-            n["findings"],
-            f"{n['gpu_hours_lost']:,.1f}",
-        ]
-        for n in nodes
-    ]
     gpus = doc["gpus"][: TOP_N * 8]
-    gpu_rows = [
-        [
-            f"{g['node']}/{g['gpu']}",
-            g["model"] or "",
-            g["class"],
-            f"{g['confidence']:.2f}",
-            g["evidence"][1] if len(g["evidence"]) > 1 else g["evidence"][0],
-        ]
-        for g in gpus
-    ]
+    shown = {g["node"] for g in gpus}
+    head = "".join(
+        f'<th scope="col"{" class=num" if i in (1, 4, 5) else ""}>{h}</th>'
+        for i, h in enumerate(["node", "GPUs", "model", "classes", "findings", "GPU-h lost"])
+    )
+    node_rows = "".join(
+        "<tr><td>"
+        + (
+            f'<a href="#gpus-{_anchor(n["node"])}">{_e(n["node"])}</a>'
+            if n["node"] in shown
+            else _e(n["node"])
+        )
+        + f'</td><td class="num">{n["gpus"]}</td><td>{_e(n["model"] or "")}</td><td>'
+        + _e(", ".join(f"{k} {v}" for k, v in n["classes"].items()))
+        + f'</td><td class="num">{n["findings"]}</td>'
+        f'<td class="num">{n["gpu_hours_lost"]:,.1f}</td></tr>'
+        for n in nodes
+    )
+    gpu_rows = []
+    seen: set[str] = set()
+    for g in gpus:
+        anchor = "" if g["node"] in seen else f' id="gpus-{_anchor(g["node"])}"'
+        seen.add(g["node"])
+        why = g["evidence"][1] if len(g["evidence"]) > 1 else g["evidence"][0]
+        gpu_rows.append(
+            f"<tr{anchor}><td>{_e(g['node'])}/{_e(g['gpu'])}</td><td>{_e(g['model'] or '')}</td>"
+            f'<td>{_e(g["class"])}</td><td class="num">{g["confidence"]:.2f}</td>'
+            f"<td>{_e(why)}</td></tr>"
+        )
     more = len(doc["gpus"]) - len(gpus)
+    gpu_head = "".join(
+        f'<th scope="col"{" class=num" if i == 3 else ""}>{h}</th>'
+        for i, h in enumerate(["GPU", "model", "class", "confidence", "why"])
+    )
     return (
         '<section id="detail"><h2>Per node and per GPU</h2>'
-        + _table(
-            ["node", "GPUs", "model", "classes", "findings", "GPU-h lost"], node_rows, {1, 4, 5}
-        )
-        + _table(["GPU", "model", "class", "confidence", "why"], gpu_rows, {3})
+        f"<table><thead><tr>{head}</tr></thead><tbody>{node_rows}</tbody></table>"
+        f"<table><thead><tr>{gpu_head}</tr></thead><tbody>{''.join(gpu_rows)}</tbody></table>"
         + (f'<p class="muted">... and {more} more GPUs (see the JSON).</p>' if more > 0 else "")
         + "</section>"
     )
+
+
+def _anchor(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text)
 
 
 def _coverage(doc: dict[str, Any]) -> str:
