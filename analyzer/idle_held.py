@@ -13,7 +13,7 @@ An idle GPU with nothing on it is not idle-held, and neither is a GPU that compu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from analyzer.findings import GIB, Context, Finding, GpuView, gpu_name, hours
 from analyzer.load import Bucket
@@ -40,7 +40,56 @@ def find(ctx: Context) -> list[Finding]:
         for holder in sorted({r.holder for r in runs}):
             mine = [r for r in runs if r.holder == holder]
             out.append(_finding(ctx, view, holder, mine))
+        shared = _tenant_runs(ctx, view)
+        for holder in sorted({r.holder for r in shared}):
+            mine = [r for r in shared if r.holder == holder]
+            out.append(_finding(ctx, view, holder, mine, shared_gpu=True))
     return out
+
+
+def _tenant_runs(ctx: Context, view: GpuView) -> list[_Run]:
+    """On a GPU that computes for someone else, a tenant that holds memory and runs nothing of
+    its own (its processes' SM utilization from NVML) for the window is idle-held too."""
+    th = ctx.thresholds
+    step = ctx.data.bucket_seconds
+    names = sorted({tb.tenant for present in view.tenants.values() for tb in present})
+    if len(names) < 2:
+        return []
+    by_start = {b.start: b for b in view.buckets}
+    runs: list[_Run] = []
+    for name in names:
+        current: list[Bucket] = []
+        held = {
+            t: tb.memory_bytes or 0.0
+            for t, present in view.tenants.items()
+            for tb in present
+            if tb.tenant == name
+        }
+        before = len(runs)
+        for t in sorted(view.tenants):
+            b = by_start.get(t)
+            mine = next((tb for tb in view.tenants[t] if tb.tenant == name), None)
+            idle = (
+                b is not None
+                and mine is not None
+                and mine.sm_util is not None
+                and mine.sm_util <= th.idle_util_ratio
+                and (mine.memory_bytes or 0.0) / view.memory_total_bytes > th.held_memory_ratio
+                and len(view.tenants[t]) > 1
+                and not _idle(ctx, view, b)  # the GPU-level finding covers a GPU idle for all
+            )
+            contiguous = bool(current) and t - current[-1].start <= step
+            if idle and b is not None and (not current or contiguous):
+                current.append(b)
+                continue
+            _close(ctx, current, name, runs)
+            current = [b] if idle and b is not None else []
+        _close(ctx, current, name, runs)
+        runs[before:] = [  # the tenant's own memory, not the whole GPU's
+            replace(r, memory_bytes=max(v for t, v in held.items() if r.start <= t < r.end))
+            for r in runs[before:]
+        ]
+    return runs
 
 
 def holders(view: GpuView, t: float) -> str:
@@ -80,7 +129,9 @@ def _close(ctx: Context, buckets: list[Bucket], holder: str | None, runs: list[_
     runs.append(_Run(start, end, holder, memory))
 
 
-def _finding(ctx: Context, view: GpuView, holder: str, runs: list[_Run]) -> Finding:
+def _finding(
+    ctx: Context, view: GpuView, holder: str, runs: list[_Run], shared_gpu: bool = False
+) -> Finding:
     total = sum(r.end - r.start for r in runs)
     longest = max(r.end - r.start for r in runs)
     memory = max(r.memory_bytes for r in runs)
@@ -98,6 +149,11 @@ def _finding(ctx: Context, view: GpuView, holder: str, runs: list[_Run]) -> Find
         f"no interval of the {hours(total)} had utilization above "
         f"{ctx.thresholds.idle_util_ratio:.0%}",
     ]
+    if shared_gpu:
+        evidence[1] = (
+            f"its own processes ran no kernels (NVML per-process SM utilization at most "
+            f"{ctx.thresholds.idle_util_ratio:.0%}) while another tenant kept the GPU busy"
+        )
     if holder == NO_PROCESS:
         evidence.append(
             "no process was seen on the GPU while the memory was held: an orphaned allocation, "

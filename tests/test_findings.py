@@ -402,3 +402,44 @@ def test_cli_config_errors_are_one_line(tmp_path: Path, held_store: Path) -> Non
         check=True,
     )
     assert not [f for f in json.loads(result.stdout)["findings"] if f["kind"] == "idle_held"]
+
+
+def test_a_tenant_idle_on_a_gpu_another_keeps_busy_is_idle_held(tmp_path: Path) -> None:
+    """A server computes on GPU 0 all along; a notebook holds 20 GiB there and runs nothing."""
+    path = build_store(
+        tmp_path / "s.duckdb",
+        180,
+        {0: lambda m: (0.8, 60.0, 500.0)},
+        tenants={0: (500, "/slurm/uid_1/job_77/step_0")},
+    )
+    store = Store(path)
+    store.add(
+        [
+            Process(
+                "n1",
+                600,
+                1600,
+                "python",
+                "jupyter-lab",
+                "bob",
+                "/system.slice/jupyter-bob.service",
+                None,
+                None,
+                None,
+                "jupyter-bob.service",
+                T0,
+                T0 + 180 * 60,
+            ),
+            *[
+                ProcessSample(T0 + m * 60, "n1", "GPU-00000000", 600, 1600, 20 * GIB, 0.0)
+                for m in range(180)
+            ],
+        ]
+    )
+    store.flush()
+    store.close()
+    (found,) = findings(path, "idle_held")
+    assert found["holder"] == "unit jupyter-bob.service"
+    assert found["memory_bytes"] == 20 * GIB  # the tenant's own memory, not the GPU's
+    assert found["idle_held_seconds"] >= 2.9 * 3600
+    assert any("another tenant kept the GPU busy" in e for e in found["evidence"])
