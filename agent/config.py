@@ -48,7 +48,7 @@ class AgentConfig:
     dcgm_compat: bool = False
     #: The Kubernetes API server for pod names; "" means in-cluster when running in a pod.
     kubernetes_api: str = ""
-    analysis_interval: float = 300.0
+    analysis_interval: float = 600.0
     analysis_window: float = 10800.0
     buffer_rows: int = 100_000
     raw_retention_days: float = 14.0

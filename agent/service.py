@@ -11,7 +11,7 @@ job                default interval             what it does
 ``flush``          10 s                         buffered rows into the store
 ``rollup``         5 min                        per-minute summaries of complete minutes
 ``prune``          1 h                          retention
-``analysis``       5 min                        the trailing analysis for Prometheus (added
+``analysis``       10 min                       the trailing analysis for Prometheus (added
                                                 by the composition root, see ``extra_jobs``)
 =================  ===========================  ==========================================
 

@@ -1,7 +1,7 @@
 """The trailing analysis a running agent exports to Prometheus, so alerts need no weekly report.
 
-Every few minutes the agent's process (wired in ``aiscope.compose``; ``agent`` never imports
-``analyzer``) analyzes its own store over a trailing window and exports, per GPU:
+Every ten minutes (by default) the agent's process (wired in ``aiscope.compose``; ``agent``
+never imports ``analyzer``) analyzes its own store over a trailing window and exports, per GPU:
 
 * ``starved_ratio``: the share of the window's held training or batch time the GPU spent
   waiting, and the costliest cause (exported for such GPUs only, below the finding thresholds

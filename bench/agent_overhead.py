@@ -136,8 +136,8 @@ def main() -> int:
     parser.add_argument(
         "--analysis-interval",
         type=float,
-        default=300.0,
-        help="seconds between trailing analyses (the agent's default: 300)",
+        default=600.0,
+        help="seconds between trailing analyses (the agent's default: 600)",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -51,6 +51,14 @@ gpus = [6]
 """
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -65,6 +73,7 @@ def main() -> int:
             f"simulated 3 h of 8 GPUs at 1 Hz in {time.perf_counter() - started:.0f} s",
             file=sys.stderr,
         )
+        rss_before = _rss_mib()
         store = Store(store_path)
         analysis = TrailingAnalysis(store, 10800.0, Thresholds(), AnalysisSink(10800.0))
         walls, cpus, loads = [], [], []
@@ -77,12 +86,15 @@ def main() -> int:
             load_window([store_path], 10800.0)
             loads.append(time.perf_counter() - wall0)
         store.close()
+        rss_after = _rss_mib()
     wall, cpu, base = min(walls), min(cpus), min(loads)
     print(
         f"trailing analysis over 3 h x 8 GPUs at 1 Hz: {wall:.2f} s wall, {cpu:.2f} s CPU per run"
     )
     print(f"  loading the window alone (baseline, same run): {base:.2f} s ({base / wall:.0%})")
-    print(f"  every 300 s: {cpu / 300:.4f} cores on average")
+    for every in (300, 600):
+        print(f"  every {every} s: {cpu / every:.4f} cores on average")
+    print(f"  RSS {rss_before:.0f} MiB before, {rss_after:.0f} MiB after {args.runs} runs")
     return 0
 
 
