@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -370,23 +370,34 @@ def analyze_command(
       aiscope analyze --store node1.duckdb --store node2.duckdb
       aiscope analyze --store fleet/ --config /etc/aiscope/aiscope.toml
     """
-    from agent.config import default_store  # noqa: PLC0415
-    from agent.store import StoreError  # noqa: PLC0415
-    from analyzer.analysis import analyze, render_text  # noqa: PLC0415
-    from analyzer.load import InputError  # noqa: PLC0415
-    from analyzer.thresholds import from_file  # noqa: PLC0415
+    from analyzer.analysis import render_text  # noqa: PLC0415
 
     if output_format not in ("json", "text"):
         raise UserError(f"--format: expected json or text, got {output_format!r}")
-    stores = store or [str(default_store())]
+    doc = _analysis(store, since, wait, config)
+    typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
+
+
+def _analysis(
+    store: list[str] | None, since: str, wait: float, config: Path | None
+) -> dict[str, Any]:
+    """The analysis document, with the analyzer's errors mapped to exit codes."""
+    from agent.config import default_store  # noqa: PLC0415
+    from agent.store import StoreError  # noqa: PLC0415
+    from analyzer.analysis import analyze  # noqa: PLC0415
+    from analyzer.load import InputError  # noqa: PLC0415
+    from analyzer.thresholds import from_file  # noqa: PLC0415
+
     try:
         thresholds = from_file(config)
-        doc = analyze(stores, since=since, timeout=wait, thresholds=thresholds)
+        with _progress("analyzing") as update:
+            doc = analyze(store or [str(default_store())], since, wait, thresholds)
+            update(1.0)
     except InputError as exc:
         raise UserError(str(exc)) from exc
     except StoreError as exc:
         raise Failure(str(exc)) from exc
-    typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
+    return doc
 
 
 @app.command("report")
@@ -419,26 +430,13 @@ def report_command(
       aiscope report --store 'fleet/*.duckdb' --out report.html
       aiscope report --store fleet/ --since 24h --out today.md
     """
-    from agent.config import default_store  # noqa: PLC0415
-    from agent.store import StoreError  # noqa: PLC0415
     from aiscope.report import FORMATS, ReportError, write  # noqa: PLC0415
-    from analyzer.analysis import analyze  # noqa: PLC0415
-    from analyzer.load import InputError  # noqa: PLC0415
-    from analyzer.thresholds import from_file  # noqa: PLC0415
 
     if out is not None and out.suffix.lower() not in FORMATS:
         raise UserError(
             f"--out {out}: unknown format {out.suffix or '(no suffix)'}; use .html, .md or .json"
         )
-    try:
-        thresholds = from_file(config)
-        with _progress("analyzing") as update:
-            doc = analyze(store or [str(default_store())], since, wait, thresholds)
-            update(1.0)
-    except InputError as exc:
-        raise UserError(str(exc)) from exc
-    except StoreError as exc:
-        raise Failure(str(exc)) from exc
+    doc = _analysis(store, since, wait, config)
     if out is None:
         from aiscope.report.text import render  # noqa: PLC0415
 

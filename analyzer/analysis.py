@@ -127,13 +127,14 @@ def _findings_text(findings: list[dict[str, Any]]) -> list[str]:
     header = f"{'kind':<15} {'node/gpu':<18} {'GPU-h':>7}  what"
     lines += [header, "-" * len(header)]
     for f in findings:
-        what = _what(f)
+        what = finding_summary(f)
         where = f"{f['node']}/{f['gpu']}"
         lines.append(f"{f['kind']:<15} {where:<18} {f['gpu_hours_lost']:>7.1f}  {what}")
     return lines
 
 
-def _what(f: dict[str, Any]) -> str:
+def finding_summary(f: dict[str, Any]) -> str:
+    """A finding in a few words (the text form and the report's tables)."""
     if f["kind"] == "starved":
         return f"{f['cause']} ({f['job']}, waiting {f['waiting_ratio']:.0%})"
     if f["kind"] == "noisy_neighbor":

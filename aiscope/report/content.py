@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from analyzer.analysis import finding_summary
+
 CLASS_ORDER = ("training", "inference", "batch", "interactive", "idle")
 
 
@@ -42,13 +44,7 @@ def finding_rows(doc: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 
 
 def finding_what(f: dict[str, Any]) -> str:
-    if f["kind"] == "starved":
-        return f"{f['cause']} ({f['job']}), waiting {f['waiting_ratio']:.0%}"
-    if f["kind"] == "noisy_neighbor":
-        return (
-            f"{f['victim']} slowed {f['slowdown_ratio']:.0%} by {f['aggressor']} ({f['resource']})"
-        )
-    return f"held by {f['holder']} for {f['idle_held_seconds'] / 3600:.1f} h"
+    return finding_summary(f)
 
 
 def starved_by_cause(doc: dict[str, Any]) -> list[tuple[str, float, int]]:
