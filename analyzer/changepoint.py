@@ -80,12 +80,16 @@ def strongest_excursion(
     return Excursion(start, end, statistics.fmean(values[start:end]))
 
 
-def relative_to_group(series: Mapping[str, Sequence[float | None]]) -> dict[str, list[float]]:
-    """Each worker's value divided by the median of all workers at the same index (indices where
-    fewer than three workers report are skipped, as are non-positive medians)."""
+def relative_to_group(
+    series: Mapping[str, Sequence[float | None]],
+) -> tuple[dict[str, list[float]], list[int]]:
+    """Each worker's value divided by the median of all workers at the same index, and the
+    indices kept (those where fewer than three workers report, or the median is not positive,
+    are skipped)."""
     names = list(series)
     length = min((len(v) for v in series.values()), default=0)
     out: dict[str, list[float]] = {name: [] for name in names}
+    kept: list[int] = []
     for i in range(length):
         present = {n: series[n][i] for n in names if series[n][i] is not None}
         if len(present) < 3:
@@ -93,10 +97,11 @@ def relative_to_group(series: Mapping[str, Sequence[float | None]]) -> dict[str,
         median = statistics.median(v for v in present.values() if v is not None)
         if median <= 0:
             continue
+        kept.append(i)
         for n in names:
             value = series[n][i]
             out[n].append(value / median if value is not None else 1.0)
-    return out
+    return out, kept
 
 
 def find_straggler(
@@ -106,8 +111,9 @@ def find_straggler(
 
     ``series`` maps worker names to a "slowness" per instant (step time, or power drawn while
     the others wait). A worker qualifies when some run of at least ``min_size`` instants averages
-    more than ``1 + min_excess`` times the group median."""
-    relative = relative_to_group(series)
+    more than ``1 + min_excess`` times the group median. ``start`` and ``end`` index the input
+    series."""
+    relative, kept = relative_to_group(series)
     best: tuple[float, Straggler] | None = None
     for name, values in relative.items():
         run = strongest_excursion(values, 1.0 + min_excess, min_size)
@@ -115,5 +121,6 @@ def find_straggler(
             continue
         score = (run.mean - 1.0 - min_excess) * (run.end - run.start)
         if best is None or score > best[0]:
-            best = (score, Straggler(name, run.start, run.end, run.mean))
+            start, end = kept[run.start], kept[run.end - 1] + 1
+            best = (score, Straggler(name, start, end, run.mean))
     return best[1] if best else None

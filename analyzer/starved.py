@@ -155,8 +155,7 @@ def _straggler(ctx: Context, job: _Job) -> None:
     found = find_straggler(series, min_excess=0.15, min_size=6)
     if found is not None:
         job.straggler = found
-        kept = [t for t in times if sum(1 for s in series.values() if s[times.index(t)]) >= 3]
-        job.straggler_since = kept[found.start] if found.start < len(kept) else None
+        job.straggler_since = times[found.start]
 
 
 # -- per interval ---------------------------------------------------------------------------------
