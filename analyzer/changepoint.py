@@ -121,6 +121,17 @@ def find_straggler(
             continue
         score = (run.mean - 1.0 - min_excess) * (run.end - run.start)
         if best is None or score > best[0]:
-            start, end = kept[run.start], kept[run.end - 1] + 1
+            onset = _onset(values, run)
+            start, end = kept[onset], kept[run.end - 1] + 1
             best = (score, Straggler(name, start, end, run.mean))
     return best[1] if best else None
+
+
+def _onset(values: Sequence[float], run: Excursion) -> int:
+    """When the slow regime began: the excursion marks where the worker is slowest; a milder
+    slowdown often starts earlier (a straggler that a later contention makes worse). The best
+    single mean shift over the series up to the excursion's end dates it, when it rises there."""
+    shift = mean_shift(values[: run.end], min_size=max(2, (run.end - run.start) // 4))
+    if shift is not None and shift.index < run.start and shift.after > shift.before:
+        return shift.index
+    return run.start
