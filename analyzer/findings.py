@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analyzer.classify import GpuVerdict
-from analyzer.load import Bucket, FleetData, GpuInfo, TenantBucket
+from analyzer.load import Bucket, CgroupBucket, FleetData, GpuInfo, HostBucket, TenantBucket
 from analyzer.thresholds import Thresholds
 
 GIB = float(1 << 30)
@@ -78,6 +78,12 @@ class Context:
     views: dict[str, GpuView]
     idle_watts: dict[str, float]
     bucket_hours: float
+    #: Host and cgroup buckets by (node, start) and (node, cgroup, start), indexed once: the
+    #: detectors look them up for every GPU interval.
+    host_at: dict[tuple[str, float], HostBucket] = field(default_factory=dict)
+    cgroup_at: dict[tuple[str, str, float], CgroupBucket] = field(default_factory=dict)
+    #: Each node's median InfiniBand traffic over the window (bytes/s), where reported.
+    ib_median: dict[str, float] = field(default_factory=dict)
     #: (uuid, bucket start) pairs whose lost time a noisy-neighbour finding already explains.
     explained: set[tuple[str, float]] = field(default_factory=set)
 
@@ -97,8 +103,23 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
             by_uuid.get(gpu.uuid),
             _memory_total(gpu, buckets),
         )
+    ib = {
+        node: [h.ib_bytes_per_second for h in hosts if h.ib_bytes_per_second]
+        for node, hosts in data.hosts.items()
+    }
     return Context(
-        data, thresholds, views, _idle_watts(views, thresholds), data.bucket_seconds / 3600.0
+        data,
+        thresholds,
+        views,
+        _idle_watts(views, thresholds),
+        data.bucket_seconds / 3600.0,
+        host_at={(node, h.start): h for node, hosts in data.hosts.items() for h in hosts},
+        cgroup_at={
+            (node, cgroup, cb.start): cb
+            for (node, cgroup), buckets in data.cgroups.items()
+            for cb in buckets
+        },
+        ib_median={node: statistics.median(rates) for node, rates in ib.items() if rates},
     )
 
 

@@ -241,27 +241,20 @@ def _cgroup_at(ctx: Context, m: _Member, t: float) -> CgroupBucket | None:
     tenant = ctx.data.tenants.get(m.view.main_tenant(t) or "")
     if tenant is None or tenant.cgroup is None:
         return None
-    for cb in ctx.data.cgroups.get((m.view.info.node, tenant.cgroup), ()):
-        if cb.start == t:
-            return cb
-    return None
+    return ctx.cgroup_at.get((m.view.info.node, tenant.cgroup, t))
 
 
 def _host_at(ctx: Context, node: str, t: float) -> HostBucket | None:
-    for h in ctx.data.hosts.get(node, ()):
-        if h.start == t:
-            return h
-    return None
+    return ctx.host_at.get((node, t))
 
 
 def _ib_surge(ctx: Context, node: str, t: float) -> bool:
     """The node's busiest InfiniBand port carries at least twice its median traffic."""
-    host = ctx.data.hosts.get(node, ())
-    rates = [h.ib_bytes_per_second for h in host if h.ib_bytes_per_second]
+    median = ctx.ib_median.get(node)
     now = _host_at(ctx, node, t)
-    if not rates or now is None or not now.ib_bytes_per_second:
+    if median is None or now is None or not now.ib_bytes_per_second:
         return False
-    return now.ib_bytes_per_second >= 2.0 * statistics.median(rates)
+    return now.ib_bytes_per_second >= 2.0 * median
 
 
 # -- the finding ----------------------------------------------------------------------------------
