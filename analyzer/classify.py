@@ -81,6 +81,11 @@ class GpuVerdict:
     segments: tuple[Segment, ...]
 
 
+def class_at(verdict: GpuVerdict, t: float) -> str:
+    """The class of the verdict's segment that holds ``t``; ``idle`` outside every segment."""
+    return next((s.gpu_class for s in verdict.segments if s.start <= t < s.end), "idle")
+
+
 @dataclass(slots=True)
 class _Span:
     """A run of buckets with one behaviour, and the features the classifier reads."""

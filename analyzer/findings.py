@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from analyzer.classify import GpuVerdict
+from analyzer.classify import GpuVerdict, class_at
 from analyzer.load import Bucket, CgroupBucket, FleetData, GpuInfo, HostBucket, TenantBucket
 from analyzer.thresholds import Thresholds
 
@@ -53,11 +53,7 @@ class GpuView:
     memory_total_bytes: float
 
     def class_at(self, t: float) -> str:
-        if self.verdict is not None:
-            for seg in self.verdict.segments:
-                if seg.start <= t < seg.end:
-                    return seg.gpu_class
-        return "idle"
+        return class_at(self.verdict, t) if self.verdict is not None else "idle"
 
     def held(self, b: Bucket, th: Thresholds) -> bool:
         return (b.memory_bytes or 0.0) / self.memory_total_bytes > th.held_memory_ratio

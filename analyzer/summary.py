@@ -13,7 +13,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from analyzer.classify import CLASSES, GpuVerdict
+from analyzer.classify import CLASSES, GpuVerdict, class_at
 from analyzer.findings import Finding
 from analyzer.load import Bucket, FleetData
 
@@ -24,10 +24,6 @@ FIELDS = {
     "sm_active": "sm_active",
     "memory": "memory_bytes",
 }
-
-
-def class_at(v: GpuVerdict, t: float) -> str:
-    return next((s.gpu_class for s in v.segments if s.start <= t < s.end), "idle")
 
 
 def summarize(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from analyzer.classify import class_at
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, quantile, register
 
 #: Classes whose GPUs may be capped: their work is latency- or throughput-bound below the cap.
@@ -47,7 +48,7 @@ class PowerStrategy:
                 if b.power_watts is None:
                     continue
                 points += 1
-                cls = next((s.gpu_class for s in v.segments if s.start <= b.start < s.end), "idle")
+                cls = class_at(v, b.start)
                 energy = b.power_watts * hours / 1000.0
                 kwh[cls] = kwh.get(cls, 0.0) + energy
                 node_kwh[v.info.node] = node_kwh.get(v.info.node, 0.0) + energy

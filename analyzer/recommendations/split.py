@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from analyzer.classify import cycle
+from analyzer.classify import class_at, cycle
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, quantile, register
 from analyzer.recommendations.demand import demand_curve, services
 from analyzer.recommendations.reservation import DAY, ReservationSettings
@@ -226,7 +226,7 @@ def _classes_over_time(inputs: Inputs) -> dict[float, Counter[str]]:
     out: dict[float, Counter[str]] = {}
     for v in inputs.verdicts:
         for b in inputs.data.buckets.get(v.info.uuid, ()):
-            cls = next((s.gpu_class for s in v.segments if s.start <= b.start < s.end), "idle")
+            cls = class_at(v, b.start)
             out.setdefault(b.start, Counter())[cls] += 1
     return out
 
