@@ -430,12 +430,13 @@ def report_command(
       aiscope report --store 'fleet/*.duckdb' --out report.html
       aiscope report --store fleet/ --since 24h --out today.md
     """
-    from aiscope.report import FORMATS, ReportError, write  # noqa: PLC0415
+    from aiscope.report import ReportError, check_out, write  # noqa: PLC0415
 
-    if out is not None and out.suffix.lower() not in FORMATS:
-        raise UserError(
-            f"--out {out}: unknown format {out.suffix or '(no suffix)'}; use .html, .md or .json"
-        )
+    try:
+        if out is not None:
+            check_out(out)  # before the analysis, which can take a while
+    except ReportError as exc:
+        raise UserError(str(exc)) from exc
     doc = _analysis(store, since, wait, config)
     if out is None:
         from aiscope.report.text import render  # noqa: PLC0415

@@ -195,8 +195,8 @@ def find_all(
 
     ctx = context(data, verdicts, thresholds or Thresholds())
     found = idle_held.find(ctx) + neighbors.find(ctx)
-    measured = starved.evaluate(ctx)
-    found += [f for f, above in measured if above]
-    waiting = {f.uuid: f for f, above in measured if above or f.detail("class") in starved.CLASSES}
+    evaluated = starved.evaluate(ctx)
+    found += [f for f, above in evaluated if above]
+    waiting = {f.uuid: f for f, above in evaluated if starved.measured(f, above)}
     ordered = sorted(found, key=lambda f: (-f.gpu_hours_lost, f.kind, f.node, f.gpu, f.start))
     return Results(tuple(ordered), waiting)

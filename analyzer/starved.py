@@ -83,7 +83,13 @@ def find(ctx: Context) -> list[Finding]:
 def measure(ctx: Context) -> list[Finding]:
     """Every training or batch GPU's waiting, below the thresholds too (for the live gauges),
     and other GPUs that are starved by the evidence."""
-    return [f for f, above in evaluate(ctx) if above or f.detail("class") in CLASSES]
+    return [f for f, above in evaluate(ctx) if measured(f, above)]
+
+
+def measured(f: Finding, above: bool) -> bool:
+    """Whether a GPU's waiting is reported as a measurement: a finding, or a training or batch
+    GPU's waiting below the thresholds."""
+    return above or f.detail("class") in CLASSES
 
 
 def evaluate(ctx: Context) -> list[tuple[Finding, bool]]:

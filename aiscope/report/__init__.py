@@ -21,13 +21,19 @@ class ReportError(ValueError):
     """Bad report options (an unknown output suffix): exit code 2."""
 
 
-def write(doc: dict[str, Any], out: Path) -> Path:
-    """Write the report in the form ``out``'s suffix names."""
+def check_out(out: Path) -> str:
+    """``out``'s format (its suffix), or :class:`ReportError` naming the file."""
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
         raise ReportError(
             f"--out {out}: unknown format {suffix or '(no suffix)'}; use .html, .md or .json"
         )
+    return suffix
+
+
+def write(doc: dict[str, Any], out: Path) -> Path:
+    """Write the report in the form ``out``'s suffix names."""
+    suffix = check_out(out)
     if suffix == ".json":
         text = json.dumps(doc, indent=2) + "\n"
     elif suffix == ".md":

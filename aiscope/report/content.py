@@ -5,8 +5,6 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from analyzer.analysis import finding_summary
-
 CLASS_ORDER = ("training", "inference", "batch", "interactive", "idle")
 
 
@@ -41,10 +39,6 @@ def window(doc: dict[str, Any]) -> str:
 
 def finding_rows(doc: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [f for f in doc["findings"] if f["kind"] == kind]
-
-
-def finding_what(f: dict[str, Any]) -> str:
-    return finding_summary(f)
 
 
 def starved_by_cause(doc: dict[str, Any]) -> list[tuple[str, float, int]]:

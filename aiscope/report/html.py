@@ -12,7 +12,6 @@ from aiscope.report.content import (
     CLASS_ORDER,
     coverage_lines,
     finding_rows,
-    finding_what,
     headline,
     recommendation_fields,
     starved_by_cause,
@@ -20,6 +19,7 @@ from aiscope.report.content import (
     top_actions,
     window,
 )
+from analyzer.analysis import finding_summary
 
 CSS = """
 :root { color-scheme: light; }
@@ -197,7 +197,7 @@ def _findings(doc: dict[str, Any]) -> str:
             body.append(
                 f"<tr><td>{_e(f['node'])}/{_e(f['gpu'])}</td>"
                 f'<td class="num">{f["gpu_hours_lost"]:,.1f}</td>'
-                f'<td>{_e(finding_what(f))}<div class="ev">{_e(f["evidence"][-1])}</div></td>'
+                f'<td>{_e(finding_summary(f))}<div class="ev">{_e(f["evidence"][-1])}</div></td>'
                 f"<td>{spark}</td></tr>"
             )
         parts.append(

@@ -9,13 +9,13 @@ from aiscope.report.content import (
     CLASS_ORDER,
     coverage_lines,
     finding_rows,
-    finding_what,
     headline,
     recommendation_fields,
     starved_by_cause,
     top_actions,
     window,
 )
+from analyzer.analysis import finding_summary
 
 
 def _cell(value: object) -> str:
@@ -129,7 +129,7 @@ def _findings(doc: dict[str, Any]) -> list[str]:
                 [
                     f"{f['node']}/{f['gpu']}",
                     f"{f['gpu_hours_lost']:.1f}",
-                    finding_what(f),
+                    finding_summary(f),
                     f["start"],
                     f["end"],
                 ]

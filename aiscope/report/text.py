@@ -10,13 +10,13 @@ from rich.table import Table
 from aiscope.report import TOP_N
 from aiscope.report.content import (
     coverage_lines,
-    finding_what,
     headline,
     recommendation_fields,
     starved_by_cause,
     top_actions,
     window,
 )
+from analyzer.analysis import finding_summary
 
 
 def render(doc: dict[str, Any], file: IO[str] | None = None, width: int | None = None) -> None:
@@ -64,7 +64,7 @@ def _findings(console: Console, doc: dict[str, Any]) -> None:
             f"[{style}]{f['kind']}[/{style}]",
             f"{f['node']}/{f['gpu']}",
             f"{f['gpu_hours_lost']:,.1f}",
-            finding_what(f),
+            finding_summary(f),
         )
     console.print(findings)
     if len(doc["findings"]) > TOP_N:
