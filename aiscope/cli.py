@@ -341,21 +341,25 @@ def import_nvidia_smi(
     )
 
 
+#: Options that analyze and report share.
+SinceOption = Annotated[str, typer.Option(help="Window length, ending at the newest sample.")]
+WaitOption = Annotated[float, typer.Option(help="Seconds to wait for an agent to release a store.")]
+ThresholdsOption = Annotated[
+    Path | None,
+    typer.Option(help="TOML file whose [thresholds] table overrides the findings' defaults."),
+]
+
+
 @app.command("analyze")
 def analyze_command(
     store: Annotated[
         list[str] | None,
         typer.Option(help="A store file, directory or glob; repeat it to analyze a fleet."),
     ] = None,
-    since: Annotated[str, typer.Option(help="Window length, ending at the newest sample.")] = "7d",
+    since: SinceOption = "7d",
     output_format: Annotated[str, typer.Option("--format", help="json or text.")] = "json",
-    wait: Annotated[
-        float, typer.Option(help="Seconds to wait for an agent to release a store.")
-    ] = 10.0,
-    config: Annotated[
-        Path | None,
-        typer.Option(help="TOML file whose [thresholds] table overrides the findings' defaults."),
-    ] = None,
+    wait: WaitOption = 10.0,
+    config: ThresholdsOption = None,
 ) -> None:
     """Classify what every GPU was doing, and find starved, noisy-neighbour and idle-held GPUs.
 
@@ -406,18 +410,13 @@ def report_command(
         list[str] | None,
         typer.Option(help="A store file, directory or glob; repeat it to report on a fleet."),
     ] = None,
-    since: Annotated[str, typer.Option(help="Window length, ending at the newest sample.")] = "7d",
+    since: SinceOption = "7d",
     out: Annotated[
         Path | None,
         typer.Option(help="Write to FILE: .html (self-contained), .md or .json (the contract)."),
     ] = None,
-    wait: Annotated[
-        float, typer.Option(help="Seconds to wait for an agent to release a store.")
-    ] = 10.0,
-    config: Annotated[
-        Path | None,
-        typer.Option(help="TOML file whose [thresholds] table overrides the findings' defaults."),
-    ] = None,
+    wait: WaitOption = 10.0,
+    config: ThresholdsOption = None,
 ) -> None:
     """The weekly report: headline, fleet timeline, real utilization, findings, recommendations,
     per-node and per-GPU detail, and data coverage.
