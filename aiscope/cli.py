@@ -169,10 +169,10 @@ def agent_run(
     except ConfigError as exc:
         raise UserError(str(exc)) from exc
     from agent import service  # noqa: PLC0415
-    from agent.sim.scenario import ScenarioError  # noqa: PLC0415
     from aiscope.compose import build_agent  # noqa: PLC0415
     from analyzer.load import InputError  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
+    from sim.scenario import ScenarioError  # noqa: PLC0415
 
     try:
         thresholds = from_file(cfg.config_file)
@@ -261,7 +261,7 @@ def simulate_command(
       aiscope simulate demo --store demo.duckdb --days 1
       aiscope simulate fixtures/scenarios/starved-input.toml --store s.duckdb --seed 7
     """
-    from agent.sim.scenario import ScenarioError, describe_builtins, load  # noqa: PLC0415
+    from sim.scenario import ScenarioError, describe_builtins, load  # noqa: PLC0415
 
     if list_:
         for name, description in describe_builtins():
@@ -274,8 +274,8 @@ def simulate_command(
     except ScenarioError as exc:
         raise UserError(str(exc)) from exc
     from agent.config import default_store, resolve_store  # noqa: PLC0415
-    from agent.sim.engine import simulate  # noqa: PLC0415
     from agent.store import StoreError  # noqa: PLC0415
+    from sim.engine import simulate  # noqa: PLC0415
 
     path = resolve_store(store) if store else default_store()
     try:
@@ -374,7 +374,7 @@ def analyze_command(
       aiscope analyze --store node1.duckdb --store node2.duckdb
       aiscope analyze --store fleet/ --config /etc/aiscope/aiscope.toml
     """
-    from analyzer.analysis import render_text  # noqa: PLC0415
+    from report.table import render_text  # noqa: PLC0415
 
     if output_format not in ("json", "text"):
         raise UserError(f"--format: expected json or text, got {output_format!r}")
@@ -429,7 +429,7 @@ def report_command(
       aiscope report --store 'fleet/*.duckdb' --out report.html
       aiscope report --store fleet/ --since 24h --out today.md
     """
-    from aiscope.report import ReportError, check_out, write  # noqa: PLC0415
+    from report import ReportError, check_out, write  # noqa: PLC0415
 
     try:
         if out is not None:
@@ -438,7 +438,7 @@ def report_command(
         raise UserError(str(exc)) from exc
     doc = _analysis(store, since, wait, config)
     if out is None:
-        from aiscope.report.text import render  # noqa: PLC0415
+        from report.text import render  # noqa: PLC0415
 
         render(doc)
         return
@@ -470,10 +470,10 @@ def demo_command(
     import dataclasses  # noqa: PLC0415
     import time  # noqa: PLC0415
 
-    from agent.sim.engine import simulate  # noqa: PLC0415
-    from agent.sim.scenario import load  # noqa: PLC0415
-    from aiscope.report import write  # noqa: PLC0415
     from analyzer.analysis import analyze  # noqa: PLC0415
+    from report import write  # noqa: PLC0415
+    from sim.engine import simulate  # noqa: PLC0415
+    from sim.scenario import load  # noqa: PLC0415
 
     started = time.monotonic()
     try:

@@ -52,7 +52,7 @@ def build_agent(
     host = HostReader(config.node)
     procs = ProcReader()
     if simulate:
-        from agent.sim.engine import LiveNode  # noqa: PLC0415
+        from sim.engine import LiveNode  # noqa: PLC0415
 
         live = LiveNode.start(simulate, sim_node)
         config = dataclasses.replace(config, node=live.sim.spec.name)
@@ -60,7 +60,7 @@ def build_agent(
         host = live.host_reader(config.node)
         procs = live.proc_reader()
     elif virtual_gpus:
-        from agent.sim.synthetic import synthetic_library  # noqa: PLC0415
+        from sim.synthetic import synthetic_library  # noqa: PLC0415
 
         library = synthetic_library(virtual_gpus, clock=time.time, model=virtual_model)
     store = Store(

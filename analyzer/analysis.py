@@ -1,4 +1,5 @@
-"""``aiscope analyze``: the contract's ``aiscope.analysis/1`` document, and its text form."""
+"""``aiscope analyze``: the contract's ``aiscope.analysis/1`` document (its text form is
+:mod:`report.table`)."""
 
 from __future__ import annotations
 
@@ -88,57 +89,3 @@ def _gpu(v: GpuVerdict, waiting: Finding | None) -> dict[str, Any]:
             for s in v.segments
         ],
     }
-
-
-def render_text(doc: dict[str, Any]) -> str:
-    """A readable table: one line per GPU, then the class totals."""
-    lines = [f"window {doc['window']['start']} .. {doc['window']['end']}", ""]
-    header = f"{'node':<16} {'gpu':>3}  {'class':<12} {'conf':>4}  evidence"
-    lines += [header, "-" * len(header)]
-    for g in doc["gpus"]:
-        reason = g["evidence"][1] if len(g["evidence"]) > 1 else g["evidence"][0]
-        lines.append(
-            f"{g['node']:<16} {g['gpu']:>3}  {g['class']:<12} {g['confidence']:>4.2f}  "
-            f"{g['evidence'][0]}; {reason}"
-        )
-    counts: dict[str, int] = {}
-    for g in doc["gpus"]:
-        counts[g["class"]] = counts.get(g["class"], 0) + 1
-    lines += ["", "GPUs by class: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
-    lines += _findings_text(doc["findings"])
-    lines += ["", f"recommendations: {len(doc['recommendations'])}"]
-    lines += [f"- [{r['kind']}] {r['summary']}" for r in doc["recommendations"]]
-    lines += [f"- [{n['kind']}] not enough data: {n['reason']}" for n in doc["not_enough_data"]]
-    return "\n".join(lines)
-
-
-def _findings_text(findings: list[dict[str, Any]]) -> list[str]:
-    if not findings:
-        return ["", "no findings"]
-    total: dict[str, float] = {}
-    for f in findings:
-        total[f["kind"]] = total.get(f["kind"], 0.0) + f["gpu_hours_lost"]
-    lines = [
-        "",
-        f"findings: {len(findings)}, costliest first ("
-        + ", ".join(f"{k} {v:.1f} GPU-h" for k, v in sorted(total.items()))
-        + ")",
-    ]
-    header = f"{'kind':<15} {'node/gpu':<18} {'GPU-h':>7}  what"
-    lines += [header, "-" * len(header)]
-    for f in findings:
-        what = finding_summary(f)
-        where = f"{f['node']}/{f['gpu']}"
-        lines.append(f"{f['kind']:<15} {where:<18} {f['gpu_hours_lost']:>7.1f}  {what}")
-    return lines
-
-
-def finding_summary(f: dict[str, Any]) -> str:
-    """A finding in a few words (the text form and the report's tables)."""
-    if f["kind"] == "starved":
-        return f"{f['cause']} ({f['job']}, waiting {f['waiting_ratio']:.0%})"
-    if f["kind"] == "noisy_neighbor":
-        return (
-            f"{f['victim']} slowed {f['slowdown_ratio']:.0%} by {f['aggressor']} ({f['resource']})"
-        )
-    return f"held by {f['holder']} for {f['idle_held_seconds'] / 3600:.1f} h"

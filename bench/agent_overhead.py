@@ -29,8 +29,8 @@ from pathlib import Path
 
 from agent import service
 from agent.config import load_config
-from agent.sim.synthetic import synthetic_library
 from aiscope.compose import build_agent
+from sim.synthetic import synthetic_library
 
 BASELINE = (
     "import duckdb, psutil, prometheus_client, apscheduler.schedulers.background, pynvml, time\n"

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import duckdb
 
-from agent.sim.engine import simulate
-from agent.sim.scenario import load
 from analyzer.analysis import analyze
+from sim.engine import simulate
+from sim.scenario import load
 
 HERE = Path(__file__).parent / "heldout"
 CLASSES = ("training", "inference", "batch", "interactive", "idle")

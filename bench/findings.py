@@ -32,12 +32,12 @@ from pathlib import Path
 import duckdb
 
 from agent.attribution import pod_uid_from_cgroup, slurm_job_from_cgroup, systemd_unit_from_cgroup
-from agent.sim.engine import build_workloads, simulate
-from agent.sim.scenario import load
-from agent.sim.traces import data_root
 from analyzer.analysis import analyze
 from analyzer.changepoint import find_straggler
 from analyzer.neighbors import OUTSIDE
+from sim.engine import build_workloads, simulate
+from sim.scenario import load
+from sim.traces import data_root
 
 HERE = Path(__file__).parent / "heldout"
 KINDS = ("starved", "noisy_neighbor", "idle_held")

@@ -21,7 +21,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from agent.sim.traces import arrivals, data_root
 from analyzer.recommendations.reservation import (
     Replay,
     ReservationSettings,
@@ -31,6 +30,7 @@ from analyzer.recommendations.reservation import (
     replay,
 )
 from analyzer.recommendations.split import shared_pool_replay
+from sim.traces import arrivals, data_root
 
 MONDAY = 1_763_337_600.0  # 2025-11-17T00:00:00Z, a Monday: week 1 of the replay starts here
 

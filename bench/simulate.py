@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.sim import engine
-from agent.sim.scenario import load
+from sim import engine
+from sim.scenario import load
 
 
 def main() -> int:

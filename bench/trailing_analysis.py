@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 from agent.exporter import AnalysisSink
-from agent.sim.engine import simulate
-from agent.sim.scenario import load
 from agent.store import Store
 from aiscope.compose import TrailingAnalysis
 from analyzer.load import load as load_window
 from analyzer.thresholds import Thresholds
+from sim.engine import simulate
+from sim.scenario import load
 
 SCENARIO = """
 name = "one-node"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from agent.nvml import install_library
-from agent.sim.profiles import profile
-from agent.sim.vnvml import VirtualGpu, VirtualNvmlLibrary
+from sim.profiles import profile
+from sim.vnvml import VirtualGpu, VirtualNvmlLibrary
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"

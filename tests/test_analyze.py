@@ -12,10 +12,10 @@ import duckdb
 import pytest
 
 from agent.schema import ALL_RECORDS, ROLLUP_COLUMNS
-from agent.sim.engine import simulate
-from agent.sim.scenario import load
 from analyzer.analysis import analyze, parse_duration
 from analyzer.load import InputError
+from sim.engine import simulate
+from sim.scenario import load
 from tests.conftest import REPO
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")

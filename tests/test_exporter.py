@@ -13,8 +13,8 @@ from agent.exporter import AgentCollector, DcgmCompatCollector, build_registry, 
 from agent.host import HostReader
 from agent.nvml import Nvml
 from agent.sampler import Sampler
-from agent.sim.vnvml import VirtualProcess
 from agent.store import Store
+from sim.vnvml import VirtualProcess
 from tests.conftest import FIXTURES, SHARED_DATA, FakeClock, library, make_gpu, require_tool
 
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from agent.nvml import DriverUnavailable, GpuLost, Nvml
-from agent.sim.vnvml import VirtualProcess
+from sim.vnvml import VirtualProcess
 from tests.conftest import FakeClock, library, make_gpu
 
 NODE = "gpu-node-01"

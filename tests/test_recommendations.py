@@ -9,8 +9,6 @@ import statistics
 
 import pytest
 
-from agent.sim.engine import simulate
-from agent.sim.scenario import load as load_scenario
 from analyzer.analysis import analyze
 from analyzer.recommendations.consolidate import model_gb_from_command, profiles_for
 from analyzer.recommendations.reservation import (
@@ -23,6 +21,8 @@ from analyzer.recommendations.reservation import (
 )
 from analyzer.recommendations.split import shared_pool_replay
 from bench.recommendations import minute_demand, score
+from sim.engine import simulate
+from sim.scenario import load as load_scenario
 from tests.conftest import SHARED_DATA
 
 MONDAY = 1_763_337_600.0

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from aiscope.report import ReportError, write
-from aiscope.report.html import render as render_html
-from aiscope.report.markdown import render as render_md
-from aiscope.report.text import render as render_text
 from analyzer.analysis import analyze
+from report import ReportError, write
+from report.html import render as render_html
+from report.markdown import render as render_md
+from report.text import render as render_text
 from tests.conftest import REPO, require_tool
 from tests.test_findings import build_store
 

@@ -12,8 +12,8 @@ from agent.attribution import ProcReader
 from agent.host import HostReader
 from agent.nvml import Nvml
 from agent.sampler import Backoff, Sampler
-from agent.sim.vnvml import VirtualProcess
 from agent.store import Store
+from sim.vnvml import VirtualProcess
 from tests.conftest import FIXTURES, FakeClock, library, make_gpu
 
 NODE = "gpu-node-01"

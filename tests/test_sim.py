@@ -14,9 +14,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from agent.sim.engine import build_workloads, simulate
-from agent.sim.scenario import ScenarioError, load
-from agent.sim.workloads import Inference
+from sim.engine import build_workloads, simulate
+from sim.scenario import ScenarioError, load
+from sim.workloads import Inference
 from tests.conftest import REPO
 
 
@@ -279,7 +279,7 @@ def test_an_unmodified_nvml_consumer_sees_the_virtual_gpus() -> None:
         [
             sys.executable,
             "-m",
-            "agent.sim.run_with",
+            "sim.run_with",
             "demo",
             "--node",
             "gpu-node-03",

@@ -7,16 +7,16 @@ from typing import IO, Any
 from rich.console import Console
 from rich.table import Table
 
-from aiscope.report import TOP_N
-from aiscope.report.content import (
+from report import TOP_N
+from report.content import (
     coverage_lines,
+    finding_summary,
     headline,
     recommendation_fields,
     starved_by_cause,
     top_actions,
     window,
 )
-from analyzer.analysis import finding_summary
 
 
 def render(doc: dict[str, Any], file: IO[str] | None = None, width: int | None = None) -> None:

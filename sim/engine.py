@@ -21,12 +21,13 @@ from agent.host import HostReader
 from agent.nvml import Nvml
 from agent.sampler import Sampler
 from agent.schema import GroundTruth
-from agent.sim.host import VirtualHost
-from agent.sim.scenario import NodeSpec, Scenario, ScenarioError
-from agent.sim.scenario import load as load_scenario
-from agent.sim.synthetic import virtual_uuid
-from agent.sim.vnvml import VirtualGpu, VirtualNvmlLibrary, VirtualProcess
-from agent.sim.workloads import (
+from agent.store import Store
+from sim.host import VirtualHost
+from sim.scenario import NodeSpec, Scenario, ScenarioError
+from sim.scenario import load as load_scenario
+from sim.synthetic import virtual_uuid
+from sim.vnvml import VirtualGpu, VirtualNvmlLibrary, VirtualProcess
+from sim.workloads import (
     SW_POWER_CAP,
     GpuLoad,
     HostHog,
@@ -37,7 +38,6 @@ from agent.sim.workloads import (
     clamp,
     workload_class,
 )
-from agent.store import Store
 
 GPU_IDLE = 0x1
 #: Ground truth marks checkpoint stalls as starvation (ranks wait while rank 0 writes) when they

@@ -13,7 +13,7 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.sim.workloads import HostLoad, ProcessSpec
+from sim.workloads import HostLoad, ProcessSpec
 
 CpuTimes = namedtuple("CpuTimes", "user nice system idle iowait irq softirq steal guest guest_nice")
 Memory = namedtuple("Memory", "total available percent used free")

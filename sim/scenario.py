@@ -1,7 +1,7 @@
 """Scenarios: TOML files that place workloads on virtual nodes over time.
 
 A scenario names its nodes (GPU model and count), its workloads (kind, placement, window and
-typed parameters) and optional faults. Built-in scenarios ship in ``agent/sim/scenarios/`` (also
+typed parameters) and optional faults. Built-in scenarios ship in ``sim/scenarios/`` (also
 reachable as ``fixtures/scenarios/`` in the repository); any other path to a ``.toml`` works too.
 See ``docs/simulation.md`` for the format.
 """
@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agent.sim.profiles import PROFILES, DeviceProfile
-from agent.sim.workloads import REGISTRY, Placement, Window, params_from, workload_class
+from sim.profiles import PROFILES, DeviceProfile
+from sim.workloads import REGISTRY, Placement, Window, params_from, workload_class
 
 BUILTIN = Path(__file__).parent / "scenarios"
 FAULT_KINDS = ("lost", "xid", "driver_gone")

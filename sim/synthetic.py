@@ -11,8 +11,8 @@ import math
 import random
 from collections.abc import Callable
 
-from agent.sim.profiles import DeviceProfile, profile
-from agent.sim.vnvml import VirtualGpu, VirtualNvmlLibrary, VirtualProcess
+from sim.profiles import DeviceProfile, profile
+from sim.vnvml import VirtualGpu, VirtualNvmlLibrary, VirtualProcess
 
 
 def virtual_uuid(node_seed: int, index: int) -> str:

@@ -1,10 +1,10 @@
-"""Run any NVML tool on one node of a scenario: ``python -m agent.sim.run_with SCENARIO
+"""Run any NVML tool on one node of a scenario: ``python -m sim.run_with SCENARIO
 [--node NAME] -- MODULE [ARGS...]``.
 
 It installs the virtual driver as ``pynvml``'s library in this process, then runs the tool's
 module (``gpustat``, ``nvitop``, ...) unmodified, as ``python -m MODULE ARGS`` would::
 
-    python -m agent.sim.run_with demo --node gpu-node-03 -- gpustat --json
+    python -m sim.run_with demo --node gpu-node-03 -- gpustat --json
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import runpy
 import sys
 
 from agent.nvml import install_library
-from agent.sim.engine import LiveNode
+from sim.engine import LiveNode
 
 
 def main(argv: list[str]) -> None:
     if "--" not in argv:
         raise SystemExit(
-            "usage: python -m agent.sim.run_with SCENARIO [--node NAME] [--at-hours H] -- MODULE"
+            "usage: python -m sim.run_with SCENARIO [--node NAME] [--at-hours H] -- MODULE"
         )
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m agent.sim.run_with")
+    parser = argparse.ArgumentParser(prog="python -m sim.run_with")
     parser.add_argument("scenario")
     parser.add_argument("--node")
     parser.add_argument("--at-hours", type=float, default=0.0, help="scenario time to start at")

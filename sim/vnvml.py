@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.sim.profiles import DeviceProfile
+from sim.profiles import DeviceProfile
 
 SUCCESS = 0
 ERROR_UNINITIALIZED = 1

@@ -28,8 +28,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agent.sim import traces
-from agent.sim.profiles import DeviceProfile
+from sim import traces
+from sim.profiles import DeviceProfile
 
 MONDAY_EPOCH = 1_763_337_600.0  # 2025-11-17T00:00:00Z, a Monday: the diurnal traces' origin
 GIB = 1 << 30

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiscope.report import TOP_N
-from aiscope.report.content import (
+from report import TOP_N
+from report.content import (
     CLASS_ORDER,
     coverage_lines,
     finding_rows,
+    finding_summary,
     headline,
     recommendation_fields,
     starved_by_cause,
     top_actions,
     window,
 )
-from analyzer.analysis import finding_summary
 
 
 def _cell(value: object) -> str:

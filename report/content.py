@@ -93,3 +93,14 @@ def recommendation_fields(r: dict[str, Any]) -> list[str]:
         f"needed; risk: {effect.get('risk', 'n/a')}; confidence {r['confidence']:.0%}"
     )
     return out
+
+
+def finding_summary(f: dict[str, Any]) -> str:
+    """A finding in a few words (the text form and the report's tables)."""
+    if f["kind"] == "starved":
+        return f"{f['cause']} ({f['job']}, waiting {f['waiting_ratio']:.0%})"
+    if f["kind"] == "noisy_neighbor":
+        return (
+            f"{f['victim']} slowed {f['slowdown_ratio']:.0%} by {f['aggressor']} ({f['resource']})"
+        )
+    return f"held by {f['holder']} for {f['idle_held_seconds'] / 3600:.1f} h"

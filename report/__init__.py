@@ -37,11 +37,11 @@ def write(doc: dict[str, Any], out: Path) -> Path:
     if suffix == ".json":
         text = json.dumps(doc, indent=2) + "\n"
     elif suffix == ".md":
-        from aiscope.report.markdown import render  # noqa: PLC0415
+        from report.markdown import render  # noqa: PLC0415
 
         text = render(doc)
     else:
-        from aiscope.report.html import render as render_html  # noqa: PLC0415
+        from report.html import render as render_html  # noqa: PLC0415
 
         text = render_html(doc)
     out.parent.mkdir(parents=True, exist_ok=True)

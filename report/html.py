@@ -6,12 +6,13 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from aiscope import __version__
-from aiscope.report import TOP_N, svg
-from aiscope.report.content import (
+from importlib.metadata import version
+from report import TOP_N, svg
+from report.content import (
     CLASS_ORDER,
     coverage_lines,
     finding_rows,
+    finding_summary,
     headline,
     recommendation_fields,
     starved_by_cause,
@@ -19,7 +20,6 @@ from aiscope.report.content import (
     top_actions,
     window,
 )
-from analyzer.analysis import finding_summary
 
 CSS = """
 :root { color-scheme: light; }
@@ -84,7 +84,7 @@ def _header(doc: dict[str, Any]) -> str:
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in links)
     return (
         '<header class="top"><h1>What the GPUs really did</h1>'
-        f'<p class="meta">aiscope {_e(__version__)} weekly report, {_e(window(doc))} (UTC), '
+        f'<p class="meta">aiscope {_e(version("aiscope"))} weekly report, {_e(window(doc))} (UTC), '
         f'{len(doc["stores"])} store(s)</p><nav aria-label="Sections">{nav}</nav></header>'
     )
 
