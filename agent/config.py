@@ -24,11 +24,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from agent.errors import BadInput
+
 DEFAULT_LISTEN = "127.0.0.1:9835"
 STORE_FILE_NAME = "aiscope.duckdb"
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput, ValueError):
     """A configuration value is invalid; the message names the key and the problem."""
 
 

@@ -23,10 +23,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from agent.errors import AiscopeError
+
 T = TypeVar("T")
 
 
-class DeadlineExceeded(Exception):
+class DeadlineExceeded(AiscopeError):
     """A call did not return within its deadline (or an earlier call for the key is still stuck)."""
 
 

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from agent.errors import Failure
 from agent.sampler import GpuProcess, Snapshot
 from agent.schema import Device, GpuSample
 from agent.store import StoreStats
@@ -801,9 +802,17 @@ class MetricsServer:
         self.server.server_close()
 
 
+class ListenError(Failure):
+    """The metrics endpoint cannot bind its address (taken, not local, no permission)."""
+
+
 def serve(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
-    """Serve ``registry`` at ``http://host:port/metrics``. Raises ``OSError`` if the bind fails."""
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    """Serve ``registry`` at ``http://host:port/metrics``. Raises :class:`ListenError` if the
+    bind fails."""
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     return MetricsServer(server=server, thread=thread)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.errors import BadInput
 from agent.schema import Device, GpuSample, Process, ProcessSample, as_row, columns
 from agent.store import Store
 
@@ -83,7 +84,7 @@ APPS_FIELDS = {
 }
 
 
-class ImportError_(ValueError):
+class ImportError_(BadInput, ValueError):
     """The file is not an nvidia-smi CSV log (or cannot be read): exit code 2, nothing written."""
 
 

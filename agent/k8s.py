@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.errors import AiscopeError
 from agent.schema import Pod
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class PodName:
     name: str
 
 
-class PodDirectoryError(RuntimeError):
+class PodDirectoryError(AiscopeError, RuntimeError):
     """The API server could not be asked, or its answer was not a pod list."""
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import pynvml
 
+from agent.errors import AiscopeError
 from agent.schema import Device, GpuSample
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class _FieldValue(ctypes.Structure):
 _MHZ = 1_000_000
 
 
-class NvmlError(Exception):
+class NvmlError(AiscopeError):
     """A failure of the NVML layer that callers must handle."""
 
 

@@ -199,27 +199,6 @@ class AgentEvent:
     detail: str
 
 
-@dataclass(frozen=True, slots=True)
-class GroundTruth:
-    """What a simulated GPU was really doing over a span (written by ``aiscope simulate``).
-
-    ``pathology`` is ``None`` or one of ``starved``, ``noisy_neighbor``, ``idle_held``,
-    ``straggler``, ``throttled``; ``detail`` is JSON with its specifics (cause, victim, ...).
-    """
-
-    TABLE: ClassVar[str] = "ground_truth"
-
-    node: str
-    uuid: str
-    gpu_index: int
-    start_ts: float
-    end_ts: float
-    truth_class: str
-    workload: str
-    pathology: str | None
-    detail: str
-
-
 SAMPLE_RECORDS: tuple[type[Any], ...] = (
     GpuSample,
     ProcessSample,
@@ -229,7 +208,7 @@ SAMPLE_RECORDS: tuple[type[Any], ...] = (
     AgentEvent,
 )
 KEYED_RECORDS: tuple[type[Any], ...] = (Device, Process, Pod)
-ALL_RECORDS: tuple[type[Any], ...] = (*SAMPLE_RECORDS, *KEYED_RECORDS, GroundTruth)
+ALL_RECORDS: tuple[type[Any], ...] = (*SAMPLE_RECORDS, *KEYED_RECORDS)
 
 #: Columns that per-minute rollups summarize (mean, min, max, p95), per table.
 ROLLUP_COLUMNS: dict[str, tuple[str, ...]] = {

@@ -101,9 +101,9 @@ def run(agent: Agent, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     _install_signal_handlers(stop)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    server = agent.serve()  # first: an address that cannot be bound stops the agent at once
     agent.sampler.start()
     agent.sampler.tick()  # the first scrape already sees every GPU
-    server = agent.serve()
     log.info(
         "aiscope agent on %s: metrics at http://%s:%d/metrics, store %s",
         agent.config.node,

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,103 +45,47 @@ from agent.schema import (
     create_table_sql,
     rollup_table_sql,
 )
+from agent.storefile import (
+    CONFIG,
+    NotAStore,
+    SchemaMismatch,
+    StoreError,
+    StoreLocked,
+    check_schema,
+    connect_read_only,
+    wrap,
+)
+
+__all__ = [
+    "NotAStore",
+    "SchemaMismatch",
+    "Store",
+    "StoreError",
+    "StoreLocked",
+    "connect_read_only",
+]
 
 log = logging.getLogger(__name__)
 
 _ALIAS = "aiscope_store"
-_CONFIG = {"threads": 1, "autoinstall_known_extensions": False, "autoload_known_extensions": False}
 _SAMPLE_TABLES = {r.TABLE: r for r in SAMPLE_RECORDS}
 _KEYED_TABLES = {r.TABLE: r for r in KEYED_RECORDS}
-_TS_COLUMNS = {r.TABLE: "ts" for r in SAMPLE_RECORDS} | {"ground_truth": "start_ts"}
 #: Rollups lag real time by this much, so late rows of a minute are not cut off.
 _ROLLUP_LATENESS_SECONDS = 120.0
 
 
-class StoreError(Exception):
-    """The store cannot be opened, read or written."""
-
-
-class StoreLocked(StoreError):
-    """Another process holds the database file."""
-
-
-class SchemaMismatch(StoreError):
-    """The store was written by a newer (or unknown) schema version."""
-
-
-def _wrap(path: Path, exc: duckdb.Error) -> StoreError:
-    message = str(exc).splitlines()[0]
-    if "lock" in message.lower():
-        holder = re.search(r"\(PID (\d+)\)", message)
-        who = f"process {holder.group(1)}" if holder else "another process"
-        return StoreLocked(f"{path}: the store is held by {who}; retry when it is released")
-    return StoreError(f"{path}: {message}")
-
-
-def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
-    try:
-        return duckdb.connect(str(path), read_only=read_only, config=dict(_CONFIG))
-    except duckdb.Error as exc:
-        raise _wrap(path, exc) from exc
-
-
-def connect_read_only(
-    path: Path,
-    timeout_seconds: float = 10.0,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> duckdb.DuckDBPyConnection:
-    """Open a store for reading, retrying while the agent holds it for a flush.
-
-    Raises :class:`StoreLocked` after ``timeout_seconds``, :class:`StoreError` when the file is
-    missing or not a DuckDB store, and :class:`SchemaMismatch` for a newer schema.
-    """
-    if not path.exists():
-        raise StoreError(f"{path}: no such store (run `aiscope agent run` or `aiscope simulate`)")
-    deadline = clock() + timeout_seconds
-    delay = 0.02
-    while True:
-        try:
-            con = _connect(path, read_only=True)
-            break
-        except StoreLocked:
-            if clock() >= deadline:
-                raise
-            sleep(delay)
-            delay = min(delay * 2, 0.5)
-    try:
-        check_schema(con, path)
-    except StoreError:
-        con.close()
-        raise
-    return con
-
-
-def check_schema(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Refuse a store whose schema is newer than this code, or that is not an aiscope store."""
-    try:
-        row = con.execute("SELECT value FROM meta WHERE key = ?", ["schema_version"]).fetchone()
-    except duckdb.CatalogException:
-        raise StoreError(f"{path}: not an aiscope store (no meta table)") from None
-    except duckdb.Error as exc:
-        raise _wrap(path, exc) from exc
-    version = int(row[0]) if row and str(row[0]).isdigit() else None
-    if version is None or version > SCHEMA_VERSION:
-        raise SchemaMismatch(
-            f"{path}: schema version {row[0] if row else 'missing'} is not readable by this "
-            f"aiscope (schema {SCHEMA_VERSION}); upgrade aiscope"
-        )
-
-
-def initialize(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Create the tables of this schema version (idempotent) and check the stored version."""
+def initialize(
+    con: duckdb.DuckDBPyConnection, path: Path, extra_records: tuple[type[Any], ...] = ()
+) -> None:
+    """Create the tables of this schema version, and of ``extra_records`` (the simulator's
+    ``ground_truth``: only simulated stores have it), idempotently; check the stored version."""
     con.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
     con.execute(
         "INSERT INTO meta VALUES (?, ?) ON CONFLICT DO NOTHING",
         ["schema_version", str(SCHEMA_VERSION)],
     )
     check_schema(con, path)
-    for record in ALL_RECORDS:
+    for record in (*ALL_RECORDS, *extra_records):
         con.execute(create_table_sql(record))
     for table in ROLLUP_COLUMNS:
         con.execute(rollup_table_sql(table))
@@ -252,8 +195,10 @@ class Store:
         buffer_capacity_rows: int = 100_000,
         raw_retention_seconds: float = 14 * 86400,
         rollup_retention_seconds: float = 400 * 86400,
+        extra_records: tuple[type[Any], ...] = (),
     ) -> None:
         self.path = path
+        self.extra_records = extra_records
         self.raw_retention_seconds = raw_retention_seconds
         self.rollup_retention_seconds = rollup_retention_seconds
         self._buffer = _Buffer(buffer_capacity_rows)
@@ -308,7 +253,7 @@ class Store:
         which releases its lock for readers in other processes.
         """
         if self._con is None:
-            self._con = duckdb.connect(":memory:", config=dict(_CONFIG))
+            self._con = duckdb.connect(":memory:", config=dict(CONFIG))
             # Detaching would otherwise checkpoint the WAL into the file on every flush (~8 ms);
             # we checkpoint every few writes instead (see _writer). The WAL keeps each commit
             # durable either way.
@@ -323,11 +268,11 @@ class Store:
         try:
             con.execute(f"ATTACH ? AS {_ALIAS}", [str(self.path)])
         except duckdb.Error as exc:
-            raise _wrap(self.path, exc) from exc
+            raise wrap(self.path, exc) from exc
         try:
             con.execute(f"USE {_ALIAS}")
             if not self._initialized:
-                initialize(con, self.path)
+                initialize(con, self.path, self.extra_records)
                 self._initialized = True
             yield con
             self._writes += 1
@@ -335,7 +280,7 @@ class Store:
                 con.execute("CHECKPOINT")
                 self._writes = 0
         except duckdb.Error as exc:
-            raise _wrap(self.path, exc) from exc
+            raise wrap(self.path, exc) from exc
         finally:
             self._detach(con)
 
@@ -562,23 +507,3 @@ def _delete_before(con: duckdb.DuckDBPyConnection, table: str, column: str, cuto
         return 0
     row = con.execute(f"DELETE FROM {table} WHERE {column} < ?", [cutoff]).fetchone()
     return int(row[0]) if row else 0
-
-
-def table_summary(
-    con: duckdb.DuckDBPyConnection,
-) -> list[tuple[str, int, float | None, float | None]]:
-    """(table, rows, first ts, last ts) for every table of the store, for ``store info``."""
-    out: list[tuple[str, int, float | None, float | None]] = []
-    for record in ALL_RECORDS:
-        table = record.TABLE
-        ts = _TS_COLUMNS.get(table, "last_seen_ts")
-        row = con.execute(f"SELECT count(*), min({ts}), max({ts}) FROM {table}").fetchone()
-        if row:
-            out.append((table, int(row[0]), row[1], row[2]))
-    for table in ROLLUP_COLUMNS:
-        row = con.execute(
-            f"SELECT count(*), min(minute_ts), max(minute_ts) FROM {table}_1m"
-        ).fetchone()
-        if row:
-            out.append((f"{table}_1m", int(row[0]), row[1], row[2]))
-    return out

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from agent.errors import AiscopeError, BadInput, Failure
 from aiscope import __version__
 
 app = typer.Typer(
@@ -33,14 +34,6 @@ app.add_typer(agent_app, name="agent")
 app.add_typer(store_app, name="store")
 import_app = typer.Typer(help="Import existing telemetry into a store.", no_args_is_help=True)
 app.add_typer(import_app, name="import")
-
-
-class UserError(Exception):
-    """Bad usage or bad input: exit code 2."""
-
-
-class Failure(Exception):
-    """Anything else that stops a command: exit code 1."""
 
 
 _STATE = {"debug": False}
@@ -152,7 +145,7 @@ def agent_run(
       aiscope agent run --virtual-gpus 4 --dcgm-compat --duration 30
       AISCOPE_INTERVAL=0.5 aiscope agent run --config /etc/aiscope/agent.toml
     """
-    from agent.config import ConfigError, load_config  # noqa: PLC0415
+    from agent.config import load_config  # noqa: PLC0415
 
     flags = {
         "store": store,
@@ -164,36 +157,21 @@ def agent_run(
         "duration": duration,
         "dcgm_compat": dcgm_compat,
     }
-    try:
-        cfg = load_config(flags, config_file=config)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    cfg = load_config(flags, config_file=config)
     from agent import service  # noqa: PLC0415
     from aiscope.compose import build_agent  # noqa: PLC0415
-    from analyzer.load import InputError  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
-    from sim.scenario import ScenarioError  # noqa: PLC0415
 
-    try:
-        thresholds = from_file(cfg.config_file)
-    except InputError as exc:
-        raise UserError(str(exc)) from exc
-    try:
-        built = build_agent(
-            cfg,
-            virtual_gpus=virtual_gpus,
-            virtual_model=virtual_model,
-            simulate=simulate,
-            sim_node=node,
-            thresholds=thresholds,
-        )
-        service.run(built)
-    except ScenarioError as exc:
-        raise UserError(str(exc)) from exc
-    except KeyError as exc:
-        raise UserError(f"--virtual-model: {exc.args[0]}") from exc
-    except OSError as exc:
-        raise Failure(f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: {exc}") from exc
+    thresholds = from_file(cfg.config_file)
+    built = build_agent(
+        cfg,
+        virtual_gpus=virtual_gpus,
+        virtual_model=virtual_model,
+        simulate=simulate,
+        sim_node=node,
+        thresholds=thresholds,
+    )
+    service.run(built)
 
 
 @store_app.command("info")
@@ -214,18 +192,12 @@ def store_info(
       aiscope store info --store node1.duckdb --format json
     """
     from agent.config import default_store, resolve_store  # noqa: PLC0415
-    from agent.store import SchemaMismatch, StoreError, StoreLocked  # noqa: PLC0415
     from aiscope.compose import describe_store  # noqa: PLC0415
 
     if output_format not in ("text", "json"):
-        raise UserError(f"--format: expected text or json, got {output_format!r}")
+        raise BadInput(f"--format: expected text or json, got {output_format!r}")
     path = resolve_store(store) if store else default_store()
-    try:
-        info = describe_store(path, wait)
-    except StoreLocked as exc:
-        raise Failure(str(exc)) from exc
-    except (SchemaMismatch, StoreError) as exc:
-        raise UserError(str(exc)) from exc
+    info = describe_store(path, wait)
     if output_format == "json":
         typer.echo(json.dumps(info, indent=2))
         return
@@ -261,28 +233,21 @@ def simulate_command(
       aiscope simulate demo --store demo.duckdb --days 1
       aiscope simulate fixtures/scenarios/starved-input.toml --store s.duckdb --seed 7
     """
-    from sim.scenario import ScenarioError, describe_builtins, load  # noqa: PLC0415
+    from sim.scenario import describe_builtins, load  # noqa: PLC0415
 
     if list_:
         for name, description in describe_builtins():
             typer.echo(f"{name:<20} {description}")
         return
     if scenario is None:
-        raise UserError("SCENARIO is required (or --list to see the built-in ones)")
-    try:
-        spec = load(scenario)
-    except ScenarioError as exc:
-        raise UserError(str(exc)) from exc
+        raise BadInput("SCENARIO is required (or --list to see the built-in ones)")
+    spec = load(scenario)
     from agent.config import default_store, resolve_store  # noqa: PLC0415
-    from agent.store import StoreError  # noqa: PLC0415
     from sim.engine import simulate  # noqa: PLC0415
 
     path = resolve_store(store) if store else default_store()
-    try:
-        with _progress(f"simulating {spec.name}") as update:
-            result = simulate(spec, path, days=days, seed=seed, progress=update)
-    except StoreError as exc:
-        raise Failure(str(exc)) from exc
+    with _progress(f"simulating {spec.name}") as update:
+        result = simulate(spec, path, days=days, seed=seed, progress=update)
     typer.echo(
         f"simulated {result.simulated_seconds / 86400:g} days of {spec.name} "
         f"({result.nodes} nodes, {result.gpus} GPUs): {result.rows_written} rows in {path}"
@@ -320,18 +285,14 @@ def import_nvidia_smi(
       aiscope import nvidia-smi log.csv --fields timestamp,uuid,utilization.gpu,memory.used
     """
     from agent.config import default_store, resolve_store  # noqa: PLC0415
-    from agent.importer import ImportError_, import_files  # noqa: PLC0415
-    from agent.store import Store, StoreError  # noqa: PLC0415
+    from agent.importer import import_files  # noqa: PLC0415
+    from agent.store import Store  # noqa: PLC0415
 
     path = resolve_store(store) if store else default_store()
     field_list = [f for f in fields.split(",") if f.strip()] if fields else None
     writer = Store(path)
     try:
         result = import_files(list(files), writer, node, field_list, utc_offset)
-    except ImportError_ as exc:
-        raise UserError(str(exc)) from exc
-    except StoreError as exc:
-        raise Failure(str(exc)) from exc
     finally:
         writer.close()
     typer.echo(
@@ -377,7 +338,7 @@ def analyze_command(
     from report.table import render_text  # noqa: PLC0415
 
     if output_format not in ("json", "text"):
-        raise UserError(f"--format: expected json or text, got {output_format!r}")
+        raise BadInput(f"--format: expected json or text, got {output_format!r}")
     doc = _analysis(store, since, wait, config)
     typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
 
@@ -385,22 +346,15 @@ def analyze_command(
 def _analysis(
     store: list[str] | None, since: str, wait: float, config: Path | None
 ) -> dict[str, Any]:
-    """The analysis document, with the analyzer's errors mapped to exit codes."""
+    """The analysis document of the stores (``--store``, else the default store)."""
     from agent.config import default_store  # noqa: PLC0415
-    from agent.store import StoreError  # noqa: PLC0415
     from analyzer.analysis import analyze  # noqa: PLC0415
-    from analyzer.load import InputError  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
 
-    try:
-        thresholds = from_file(config)
-        with _progress("analyzing") as update:
-            doc = analyze(store or [str(default_store())], since, wait, thresholds)
-            update(1.0)
-    except InputError as exc:
-        raise UserError(str(exc)) from exc
-    except StoreError as exc:
-        raise Failure(str(exc)) from exc
+    thresholds = from_file(config)
+    with _progress("analyzing") as update:
+        doc = analyze(store or [str(default_store())], since, wait, thresholds)
+        update(1.0)
     return doc
 
 
@@ -429,13 +383,10 @@ def report_command(
       aiscope report --store 'fleet/*.duckdb' --out report.html
       aiscope report --store fleet/ --since 24h --out today.md
     """
-    from report import ReportError, check_out, write  # noqa: PLC0415
+    from report import check_out, write  # noqa: PLC0415
 
-    try:
-        if out is not None:
-            check_out(out)  # before the analysis, which can take a while
-    except ReportError as exc:
-        raise UserError(str(exc)) from exc
+    if out is not None:
+        check_out(out)  # before the analysis, which can take a while
     doc = _analysis(store, since, wait, config)
     if out is None:
         from report.text import render  # noqa: PLC0415
@@ -444,8 +395,6 @@ def report_command(
         return
     try:
         write(doc, out)
-    except ReportError as exc:
-        raise UserError(str(exc)) from exc
     except OSError as exc:
         raise Failure(f"--out {out}: cannot write ({exc.strerror})") from exc
     typer.echo(f"wrote {out}")
@@ -479,7 +428,7 @@ def demo_command(
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"--out {out}: cannot create the directory ({exc.strerror})") from exc
+        raise BadInput(f"--out {out}: cannot create the directory ({exc.strerror})") from exc
     # A sample every 5 minutes: the analysis works in 5-minute buckets, and a week then takes
     # about a minute on two cores.
     scenario = dataclasses.replace(load("demo"), interval_seconds=DEMO_INTERVAL_SECONDS)
@@ -552,14 +501,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("aborted", 1)
     except typer.TyperException as exc:
         return _usage_error(exc)
-    except UserError as exc:
+    except AiscopeError as exc:  # the one place an error becomes an exit code
         if _STATE["debug"]:
             raise
-        return _fail(str(exc), 2)
-    except Failure as exc:
-        if _STATE["debug"]:
-            raise
-        return _fail(str(exc), 1)
+        return _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     return 0

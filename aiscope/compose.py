@@ -30,7 +30,8 @@ from agent.k8s import PodDirectory
 from agent.nvml import Nvml
 from agent.sampler import Sampler
 from agent.service import Agent
-from agent.store import Store, StoreError, connect_read_only, table_summary
+from agent.store import Store
+from agent.storefile import StoreError, connect_read_only, table_summary
 from aiscope import __version__
 from analyzer.load import EmptyStore, InputError
 from analyzer.thresholds import Thresholds

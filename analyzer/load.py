@@ -9,15 +9,47 @@ the length of the aggregation.
 from __future__ import annotations
 
 import glob
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
-from agent.store import StoreError, check_schema
+from agent import storefile as sf
+from agent.errors import BadInput
+from agent.schema import CgroupSample, Device, GpuSample, HostSample, NetSample, ProcessSample
 
 BUCKET_SECONDS = 300
+
+# The columns this module's SQL reads, checked against the schema when it is imported.
+sf.require_columns(
+    GpuSample,
+    "ts",
+    "node",
+    "uuid",
+    "up",
+    "utilization_gpu_ratio",
+    "memory_used_bytes",
+    "power_watts",
+    "sm_active_ratio",
+    "nvlink_tx_bytes_per_second",
+    "nvlink_rx_bytes_per_second",
+    "tensor_active_ratio",
+    "sm_clock_hertz",
+    "clock_event_reasons",
+)
+sf.require_columns(
+    HostSample,
+    "cpu_busy_ratio",
+    "cpu_iowait_ratio",
+    "psi_cpu_some_ratio",
+    "psi_io_some_ratio",
+    "disk_read_bytes_per_second",
+    "cpu_count",
+)
+sf.require_columns(NetSample, "kind", "device", "rx_bytes_per_second", "tx_bytes_per_second")
+sf.require_columns(CgroupSample, "cgroup", "cpu_cores", "cpu_limit_cores")
+sf.require_columns(ProcessSample, "pid", "start_ticks", "used_memory_bytes", "sm_utilization_ratio")
+sf.require_columns(Device, "gpu_index", "name", "memory_total_bytes", "power_limit_watts")
 #: Clock-event reasons that mean "slowed by a limit", from nvml.h: SW power cap (0x4),
 #: HW slowdown (0x8), SW thermal (0x20), HW thermal (0x40), HW power brake (0x80).
 THROTTLE_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
@@ -30,7 +62,7 @@ TENANT_SQL = (
 )
 
 
-class InputError(ValueError):
+class InputError(BadInput):
     """Bad input to the analyzer (no such store, not a store, bad window): exit code 2."""
 
 
@@ -149,32 +181,6 @@ def expand(patterns: list[str]) -> list[Path]:
     return paths
 
 
-def _attach(con: duckdb.DuckDBPyConnection, alias: str, path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        try:
-            con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [str(path)])
-            break
-        except duckdb.Error as exc:
-            message = str(exc).splitlines()[0]
-            if "lock" not in message.lower():
-                raise InputError(f"{path}: not a readable aiscope store ({message})") from None
-            if time.monotonic() >= deadline:
-                raise StoreError(
-                    f"{path}: still held by another process after {timeout:g}s"
-                ) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
-    con.execute(f"USE {alias}")
-    try:
-        check_schema(con, path)
-    except StoreError as exc:
-        raise InputError(str(exc)) from None
-    finally:
-        con.execute("USE memory")
-
-
 def _union(aliases: list[str], table: str) -> str:
     return " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
 
@@ -198,8 +204,8 @@ def load(
     aliases = [f"s{i}" for i in range(len(paths))]
     try:
         for alias, path in zip(aliases, paths, strict=True):
-            _attach(con, alias, path, timeout)
-        con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, 'gpu_samples')}")
+            sf.attach_read_only(con, alias, path, timeout)
+        con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
         row = con.execute("SELECT min(ts), max(ts) FROM g").fetchone()
         if row is None or row[1] is None:
             raise EmptyStore(f"{paths[0]}: the store has no GPU samples yet")
@@ -239,19 +245,19 @@ def _materialize(
     _materialize_tenancy(con, aliases, start, end, bucket)
     con.execute(
         "CREATE TABLE events AS SELECT kind, count(*) AS n "
-        f"FROM ({_union(aliases, 'agent_events')}) WHERE ts > $s AND ts <= $e GROUP BY kind",
+        f"FROM ({_union(aliases, sf.AGENT_EVENTS)}) WHERE ts > $s AND ts <= $e GROUP BY kind",
         {"s": start, "e": end},
     )
     con.execute(
         f"CREATE TABLE devices AS SELECT node, uuid, any_value(gpu_index) AS gpu_index, "
         f"any_value(name) AS name, max(memory_total_bytes) AS total, "
-        f"max(power_limit_watts) AS power_limit FROM ({_union(aliases, 'devices')}) GROUP BY 1, 2"
+        f"max(power_limit_watts) AS power_limit FROM ({_union(aliases, sf.DEVICES)}) GROUP BY 1, 2"
     )
     con.execute(
         "CREATE TABLE hints AS SELECT DISTINCT s.uuid, coalesce(p.comm, '') AS comm, "
         "coalesce(p.cmdline, '') AS cmdline "
-        f"FROM ({_union(aliases, 'process_samples')}) s "
-        f"JOIN ({_union(aliases, 'processes')}) p "
+        f"FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) s "
+        f"JOIN ({_union(aliases, sf.PROCESSES)}) p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
         "WHERE s.ts > $s AND s.ts <= $e",
         {"s": start, "e": end},
@@ -267,7 +273,7 @@ def _materialize_host(
         "avg(cpu_busy_ratio) AS busy, avg(cpu_iowait_ratio) AS iowait, "
         "avg(psi_cpu_some_ratio) AS psi_cpu, avg(psi_io_some_ratio) AS psi_io, "
         "avg(disk_read_bytes_per_second) AS disk_read, max(cpu_count) AS cpus "
-        f"FROM ({_union(aliases, 'host_samples')}) WHERE ts > $s AND ts <= $e GROUP BY ALL",
+        f"FROM ({_union(aliases, sf.HOST_SAMPLES)}) WHERE ts > $s AND ts <= $e GROUP BY ALL",
         params,
     )
     con.execute(
@@ -275,14 +281,14 @@ def _materialize_host(
         "sum(v) FILTER (WHERE kind = 'nic') AS nic FROM ("
         "SELECT node, kind, device, floor(ts / $b) * $b AS start, "
         "avg(coalesce(rx_bytes_per_second, 0) + coalesce(tx_bytes_per_second, 0)) AS v "
-        f"FROM ({_union(aliases, 'net_samples')}) WHERE ts > $s AND ts <= $e GROUP BY ALL"
+        f"FROM ({_union(aliases, sf.NET_SAMPLES)}) WHERE ts > $s AND ts <= $e GROUP BY ALL"
         ") GROUP BY ALL",
         params,
     )
     con.execute(
         "CREATE TABLE cg AS SELECT node, cgroup, floor(ts / $b) * $b AS start, "
         "avg(cpu_cores) AS cores, max(cpu_limit_cores) AS lim "
-        f"FROM ({_union(aliases, 'cgroup_samples')}) WHERE ts > $s AND ts <= $e GROUP BY ALL",
+        f"FROM ({_union(aliases, sf.CGROUP_SAMPLES)}) WHERE ts > $s AND ts <= $e GROUP BY ALL",
         params,
     )
 
@@ -297,8 +303,8 @@ def _materialize_tenancy(
         "any_value(coalesce(p.comm, '') || ' ' || coalesce(p.cmdline, '')) AS cmd, "
         "sum(s.used_memory_bytes) / count(DISTINCT s.ts) AS mem, "
         "sum(s.sm_utilization_ratio) / count(DISTINCT s.ts) AS sm "
-        f"FROM ({_union(aliases, 'process_samples')}) s "
-        f"JOIN ({_union(aliases, 'processes')}) p "
+        f"FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) s "
+        f"JOIN ({_union(aliases, sf.PROCESSES)}) p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
         f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid "
         "WHERE s.ts > $s AND s.ts <= $e GROUP BY s.uuid, tenant, 3",
@@ -312,12 +318,12 @@ def _pods(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> str:
         a
         for a in aliases
         if con.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND table_name = 'pods'",
-            [a],
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND table_name = ?",
+            [a, sf.PODS],
         ).fetchone()
         == (1,)
     ]
-    parts = [f"SELECT node, uid, namespace, name FROM {a}.pods" for a in have]
+    parts = [f"SELECT node, uid, namespace, name FROM {a}.{sf.PODS}" for a in have]
     parts.append(
         "SELECT NULL::VARCHAR AS node, NULL::VARCHAR AS uid, NULL::VARCHAR AS namespace, "
         "NULL::VARCHAR AS name WHERE false"

@@ -13,11 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agent.errors import BadInput
+
 TOP_N = 15
 FORMATS = (".html", ".md", ".json")
 
 
-class ReportError(ValueError):
+class ReportError(BadInput, ValueError):
     """Bad report options (an unknown output suffix): exit code 2."""
 
 

@@ -4,9 +4,9 @@ requests, readable offline, in print and by mail clients that strip scripts."""
 from __future__ import annotations
 
 import html
+from importlib.metadata import version
 from typing import Any
 
-from importlib.metadata import version
 from report import TOP_N, svg
 from report.content import (
     CLASS_ORDER,

@@ -20,12 +20,12 @@ from agent.attribution import ProcReader
 from agent.host import HostReader
 from agent.nvml import Nvml
 from agent.sampler import Sampler
-from agent.schema import GroundTruth
 from agent.store import Store
 from sim.host import VirtualHost
 from sim.scenario import NodeSpec, Scenario, ScenarioError
 from sim.scenario import load as load_scenario
 from sim.synthetic import virtual_uuid
+from sim.truth import GroundTruth
 from sim.vnvml import VirtualGpu, VirtualNvmlLibrary, VirtualProcess
 from sim.workloads import (
     SW_POWER_CAP,
@@ -448,7 +448,7 @@ def simulate(
     interval = scenario.interval_seconds
     ticks = int(horizon // interval)
     workloads = build_workloads(scenario, seed)
-    store = Store(store_path, buffer_capacity_rows=1_000_000)
+    store = Store(store_path, buffer_capacity_rows=1_000_000, extra_records=(GroundTruth,))
     total_ticks = ticks * len(scenario.nodes)
     done = 0
     scratch = "/dev/shm" if Path("/dev/shm").is_dir() else None  # memory-backed when possible

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.errors import BadInput
+
 MIB = 1024 * 1024
 
 
@@ -141,9 +143,16 @@ PROFILES: dict[str, DeviceProfile] = {
 }
 
 
+class UnknownModel(BadInput, KeyError):
+    """No virtual GPU profile has that name (``--virtual-model``, a scenario's ``model``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def profile(key: str) -> DeviceProfile:
-    """The profile named ``key``. Raises ``KeyError`` naming the valid keys."""
+    """The profile named ``key``. Raises :class:`UnknownModel` naming the valid keys."""
     try:
         return PROFILES[key]
     except KeyError:
-        raise KeyError(f"unknown GPU model {key!r}; known: {', '.join(PROFILES)}") from None
+        raise UnknownModel(f"unknown GPU model {key!r}; known: {', '.join(PROFILES)}") from None

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from agent.errors import BadInput
 from sim.profiles import PROFILES, DeviceProfile
 from sim.workloads import REGISTRY, Placement, Window, params_from, workload_class
 
@@ -21,7 +22,7 @@ BUILTIN = Path(__file__).parent / "scenarios"
 FAULT_KINDS = ("lost", "xid", "driver_gone")
 
 
-class ScenarioError(ValueError):
+class ScenarioError(BadInput, ValueError):
     """A scenario file is missing or invalid; the message names the file and the key."""
 
 
