@@ -24,8 +24,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from agent.errors import Failure
-from agent.sampler import GpuProcess, Snapshot
-from agent.schema import Device, GpuSample
+from agent.schema import Device, GpuAnalysis, GpuSample
+from agent.snapshot import GpuProcess, Snapshot
 from agent.store import StoreStats
 
 GPU_LABELS = ("node", "gpu", "uuid", "model", "pod_uid", "container_id", "slurm_job_id")
@@ -674,23 +674,6 @@ class PodInfoCollector(Collector):
         yield errors
 
 
-@dataclass(frozen=True, slots=True)
-class GpuAnalysisSeries:
-    """One GPU's trailing-analysis results, as the composition root hands them over."""
-
-    node: str
-    gpu: int
-    uuid: str
-    starved_ratio: float | None
-    starved_cause: str | None
-    slowdown_ratio: float | None
-    victim: str | None
-    aggressor: str | None
-    resource: str | None
-    idle_held_seconds: float
-    holder: str | None
-
-
 class AnalysisSink(Collector):
     """The latest trailing analysis, exported as gauges, and the analysis job's own health.
 
@@ -699,13 +682,13 @@ class AnalysisSink(Collector):
 
     def __init__(self, window_seconds: float) -> None:
         self._lock = threading.Lock()
-        self._series: tuple[GpuAnalysisSeries, ...] = ()
+        self._series: tuple[GpuAnalysis, ...] = ()
         self._last_run: float | None = None
         self._duration: float | None = None
         self._failures = 0
         self._window = window_seconds
 
-    def publish(self, series: Iterable[GpuAnalysisSeries], at: float, duration: float) -> None:
+    def publish(self, series: Iterable[GpuAnalysis], at: float, duration: float) -> None:
         with self._lock:
             self._series = tuple(series)
             self._last_run, self._duration = at, duration
@@ -746,7 +729,7 @@ class AnalysisSink(Collector):
             )
 
 
-def _analysis_families(series: tuple[GpuAnalysisSeries, ...]) -> Iterator[Metric]:
+def _analysis_families(series: tuple[GpuAnalysis, ...]) -> Iterator[Metric]:
     base = ["node", "gpu", "uuid"]
     starved = GaugeMetricFamily(
         "aiscope_gpu_starved_ratio",

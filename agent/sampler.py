@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 
 from agent.attribution import Attribution, ProcReader
@@ -36,14 +36,12 @@ from agent.nvml import (
 )
 from agent.schema import (
     AgentEvent,
-    CgroupSample,
     Device,
     GpuSample,
-    HostSample,
-    NetSample,
     Process,
     ProcessSample,
 )
+from agent.snapshot import GpuProcess, Snapshot
 from agent.store import Store
 
 log = logging.getLogger(__name__)
@@ -58,36 +56,6 @@ class Backoff:
 
     def delay(self, attempt: int) -> float:
         return float(min(self.initial_seconds * 2 ** max(attempt - 1, 0), self.maximum_seconds))
-
-
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
-    """A process on a GPU with its attribution, as the exporter shows it."""
-
-    uuid: str
-    sample: ProcessSample
-    attribution: Attribution | None
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """The latest readings, for the exporter. Immutable; replaced whole on every tick."""
-
-    node: str
-    driver_up: bool
-    devices: tuple[Device, ...] = ()
-    gpus: tuple[GpuSample, ...] = ()
-    host: HostSample | None = None
-    net: tuple[NetSample, ...] = ()
-    cgroups: tuple[CgroupSample, ...] = ()
-    processes: tuple[GpuProcess, ...] = ()
-    ticks_total: int = 0
-    gpu_samples_total: int = 0
-    last_tick_seconds: float | None = None
-    nvml_errors: tuple[tuple[str, int], ...] = ()
-    xid_events: tuple[tuple[str, int], ...] = ()
-    last_xid: tuple[tuple[str, int], ...] = ()  # uuid -> the last XID code seen
-    gpu_lost_events: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -328,21 +296,7 @@ class Sampler:
     def _identity(self, proc: GpuProcess, now: float) -> Process:
         a = proc.attribution
         assert a is not None
-        return Process(
-            node=self.node,
-            pid=a.pid,
-            start_ticks=a.start_ticks,
-            comm=a.comm,
-            cmdline=a.cmdline,
-            user=a.user,
-            cgroup=a.cgroup,
-            slurm_job_id=a.slurm_job_id,
-            k8s_pod_uid=a.k8s_pod_uid,
-            container_id=a.container_id,
-            systemd_unit=a.systemd_unit,
-            first_seen_ts=now,
-            last_seen_ts=now,
-        )
+        return Process(node=self.node, **asdict(a), first_seen_ts=now, last_seen_ts=now)
 
     # -- events --------------------------------------------------------------------------------
 

@@ -15,9 +15,25 @@ import dataclasses
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, ClassVar
 
 SCHEMA_VERSION = 1
+
+
+class GpuClass(StrEnum):
+    """What a GPU was doing (the contract's ``class``): the one definition of the vocabulary the
+    simulator's truth, the analyzer and the report share."""
+
+    TRAINING = "training"
+    INFERENCE = "inference"
+    BATCH = "batch"  # offline or batch inference and scoring
+    INTERACTIVE = "interactive"  # development and notebooks: memory held, sporadic bursts
+    IDLE = "idle"  # nothing held the GPU
+
+
+#: The classes whose workload wants the GPU fed all the time (waiting there is starvation).
+FED_CLASSES: tuple[GpuClass, ...] = (GpuClass.TRAINING, GpuClass.BATCH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +213,26 @@ class AgentEvent:
     uuid: str | None
     code: int | None
     detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAnalysis:
+    """One GPU's trailing-analysis results (:mod:`analyzer.live`), as the exporter serves them.
+
+    Not stored: it is the record the analyzer hands the agent's exporter through the
+    composition root, defined here so neither imports the other."""
+
+    node: str
+    gpu: int
+    uuid: str
+    starved_ratio: float | None = None
+    starved_cause: str | None = None
+    slowdown_ratio: float | None = None
+    victim: str | None = None
+    aggressor: str | None = None
+    resource: str | None = None
+    idle_held_seconds: float = 0.0
+    holder: str | None = None
 
 
 SAMPLE_RECORDS: tuple[type[Any], ...] = (

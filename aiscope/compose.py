@@ -20,7 +20,6 @@ from agent.exporter import (
     AgentCollector,
     AnalysisSink,
     DcgmCompatCollector,
-    GpuAnalysisSeries,
     PodInfoCollector,
     build_registry,
     serve,
@@ -139,7 +138,7 @@ class TrailingAnalysis:
             return
         self._failing = False
         self.sink.publish(
-            [GpuAnalysisSeries(**dataclasses.asdict(r)) for r in results],
+            results,
             at=time.time(),
             duration=time.monotonic() - started,
         )

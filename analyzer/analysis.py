@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.classify import GpuVerdict, classify
-from analyzer.findings import Finding, find_all, to_json
+from analyzer.context import Finding, to_json
+from analyzer.findings import find_all
 from analyzer.load import InputError, expand, load
 from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json

@@ -25,9 +25,10 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
+from agent.schema import GpuClass
 from analyzer.load import Bucket, FleetData, GpuInfo
 
-CLASSES = ("training", "inference", "batch", "interactive", "idle")
+CLASSES = tuple(GpuClass)
 OCCUPIED_MEMORY_RATIO = 0.02
 ACTIVE_UTIL = 0.05
 MEMORY_JUMP_RATIO = 0.25
@@ -391,7 +392,7 @@ def _describe(f: dict[str, float]) -> str:
 
 def _scores(span: _Span) -> tuple[dict[str, float], dict[str, list[str]]]:
     """Points per class from each signal; the evidence sentences that earned them."""
-    s = dict.fromkeys(CLASSES[:-1], 0.0)
+    s: dict[str, float] = dict.fromkeys(CLASSES[:-1], 0.0)
     ev: dict[str, list[str]] = {k: [] for k in s}
     for rule in (_held_without_compute, _serving, _busy, _lockstep, _windows):
         rule(span, s, ev)

@@ -1,202 +1,68 @@
 """Findings: what went wrong, on which GPU, for how long, why, and what it cost in GPU-hours.
 
-Three detectors share this module's record and helpers:
+Detectors are pure functions ``(context, explained) -> Detected`` in a registry with an explicit
+order (:data:`DETECTORS`), used identically by ``aiscope analyze`` and by the agent's trailing
+analysis (:mod:`analyzer.live`):
 
-* :mod:`analyzer.idle_held`: memory held with no compute;
-* :mod:`analyzer.neighbors`: co-located workloads that slow each other down;
-* :mod:`analyzer.starved`: GPUs that a workload holds but cannot keep fed.
+1. :mod:`analyzer.idle_held`: memory held with no compute;
+2. :mod:`analyzer.neighbors`: co-located workloads that slow each other down;
+3. :mod:`analyzer.starved`: GPUs that a workload holds but cannot keep fed.
 
-They run in that order, and a GPU-interval already explained by a noisy neighbour is not counted
-again as starvation: each lost GPU-hour is reported once, under its root cause. The same store
-and thresholds always give the same findings (no randomness; ties broken by name).
+Each returns its findings and the GPU-intervals (uuid, bucket start) they explain; a later
+detector does not count an interval an earlier one explained, so each lost GPU-hour is reported
+once, under its root cause. The same store and thresholds always give the same findings (no
+randomness; ties broken by name).
 """
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from analyzer.classify import GpuVerdict, class_at
-from analyzer.load import Bucket, CgroupBucket, FleetData, GpuInfo, HostBucket, TenantBucket
+from analyzer import idle_held, neighbors, starved
+from analyzer.classify import GpuVerdict
+from analyzer.context import Context, Detected, Finding, context
+from analyzer.load import FleetData
 from analyzer.thresholds import Thresholds
 
-GIB = float(1 << 30)
+Detector = Callable[[Context, frozenset[tuple[str, float]]], Detected]
 
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One finding. ``details`` holds the kind's own structured fields (cause, victim, ...)."""
-
-    kind: str
-    node: str
-    gpu: int
-    uuid: str
-    start: float
-    end: float
-    gpu_hours_lost: float
-    evidence: tuple[str, ...]
-    details: tuple[tuple[str, Any], ...] = ()
-
-    def detail(self, key: str) -> Any:
-        return dict(self.details).get(key)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuView:
-    """One GPU's buckets, the tenants on it per bucket, and its classified segments."""
-
-    info: GpuInfo
-    buckets: tuple[Bucket, ...]
-    tenants: dict[float, tuple[TenantBucket, ...]]
-    verdict: GpuVerdict | None
-    memory_total_bytes: float
-
-    def class_at(self, t: float) -> str:
-        return class_at(self.verdict, t) if self.verdict is not None else "idle"
-
-    def held(self, b: Bucket, th: Thresholds) -> bool:
-        return (b.memory_bytes or 0.0) / self.memory_total_bytes > th.held_memory_ratio
-
-    def main_tenant(self, t: float) -> str | None:
-        present = self.tenants.get(t, ())
-        if not present:
-            return None
-        return max(present, key=lambda x: ((x.memory_bytes or 0.0), x.tenant)).tenant
-
-
-@dataclass(slots=True)
-class Context:
-    """What every detector needs: per-GPU views, idle power per GPU model, the bucket length."""
-
-    data: FleetData
-    thresholds: Thresholds
-    views: dict[str, GpuView]
-    idle_watts: dict[str, float]
-    bucket_hours: float
-    #: Host and cgroup buckets by (node, start) and (node, cgroup, start), indexed once: the
-    #: detectors look them up for every GPU interval.
-    host_at: dict[tuple[str, float], HostBucket] = field(default_factory=dict)
-    cgroup_at: dict[tuple[str, str, float], CgroupBucket] = field(default_factory=dict)
-    #: Each node's median InfiniBand traffic over the window (bytes/s), where reported.
-    ib_median: dict[str, float] = field(default_factory=dict)
-    #: (uuid, bucket start) pairs whose lost time a noisy-neighbour finding already explains.
-    explained: set[tuple[str, float]] = field(default_factory=set)
-
-
-def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds) -> Context:
-    by_uuid = {v.info.uuid: v for v in verdicts}
-    views = {}
-    for gpu in data.gpus:
-        buckets = data.buckets.get(gpu.uuid, ())
-        tenants: dict[float, list[TenantBucket]] = {}
-        for tb in data.tenancy.get(gpu.uuid, ()):
-            tenants.setdefault(tb.start, []).append(tb)
-        views[gpu.uuid] = GpuView(
-            gpu,
-            buckets,
-            {k: tuple(v) for k, v in tenants.items()},
-            by_uuid.get(gpu.uuid),
-            _memory_total(gpu, buckets),
-        )
-    ib = {
-        node: [h.ib_bytes_per_second for h in hosts if h.ib_bytes_per_second]
-        for node, hosts in data.hosts.items()
-    }
-    return Context(
-        data,
-        thresholds,
-        views,
-        _idle_watts(views, thresholds),
-        data.bucket_seconds / 3600.0,
-        host_at={(node, h.start): h for node, hosts in data.hosts.items() for h in hosts},
-        cgroup_at={
-            (node, cgroup, cb.start): cb
-            for (node, cgroup), buckets in data.cgroups.items()
-            for cb in buckets
-        },
-        ib_median={node: statistics.median(rates) for node, rates in ib.items() if rates},
-    )
-
-
-def _memory_total(gpu: GpuInfo, buckets: tuple[Bucket, ...]) -> float:
-    if gpu.memory_total_bytes:
-        return float(gpu.memory_total_bytes)
-    observed = [b.memory_max_bytes for b in buckets if b.memory_max_bytes]
-    return max(observed) / 0.9 if observed else 1.0
-
-
-def _idle_watts(views: dict[str, GpuView], th: Thresholds) -> dict[str, float]:
-    """A GPU's power with nothing running: the median power of the fleet's empty, idle buckets of
-    the same model; else the GPU's own lowest bucket, capped at 15% of its limit (an H100 idles
-    near 10% of its 700 W limit, an A100 near 13% of 400 W)."""
-    by_model: dict[str, list[float]] = {}
-    for view in views.values():
-        model = view.info.model or "?"
-        by_model.setdefault(model, []).extend(
-            b.power_watts
-            for b in view.buckets
-            if b.power_watts is not None
-            and (b.util_max or 0.0) <= th.idle_util_ratio
-            and not view.held(b, th)
-        )
-    out = {}
-    for uuid, view in views.items():
-        fleet = by_model.get(view.info.model or "?", [])
-        if len(fleet) >= 3:
-            out[uuid] = statistics.median(fleet)
-            continue
-        own = [b.power_watts for b in view.buckets if b.power_watts is not None]
-        floor = min(own) if own else 0.0
-        limit = view.info.power_limit_watts
-        out[uuid] = min(floor, 0.15 * limit) if limit else floor
-    return out
-
-
-def gpu_name(view: GpuView) -> str:
-    return f"{view.info.node}/{view.info.gpu_index}"
-
-
-def hours(seconds: float) -> str:
-    return f"{seconds / 3600.0:.1f} h"
-
-
-def to_json(f: Finding, iso: Any) -> dict[str, Any]:
-    """The contract's finding object: common keys first, then the kind's own."""
-    out: dict[str, Any] = {
-        "kind": f.kind,
-        "node": f.node,
-        "gpu": f.gpu,
-        "uuid": f.uuid,
-        "start": iso(f.start),
-        "end": iso(f.end),
-        "gpu_hours_lost": round(f.gpu_hours_lost, 2),
-    }
-    for key, value in f.details:
-        out[key] = round(value, 3) if isinstance(value, float) else value
-    out["evidence"] = list(f.evidence)
-    return out
+#: The detectors, in the order their explanations take precedence.
+DETECTORS: tuple[tuple[str, Detector], ...] = (
+    ("idle_held", idle_held.detect),
+    ("noisy_neighbor", neighbors.detect),
+    ("starved", starved.detect),
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Results:
-    """The findings, costliest first, and every training or batch GPU's measured waiting
-    (below the finding thresholds too), by uuid."""
+    """The findings, costliest first; every training or batch GPU's measured waiting (below the
+    finding thresholds too), by uuid; and each detector's own output, by name."""
 
     findings: tuple[Finding, ...]
     waiting: dict[str, Finding]
+    by_detector: dict[str, Detected]
+
+
+def run(ctx: Context) -> Results:
+    """Every detector over ``ctx``, in registry order."""
+    explained: frozenset[tuple[str, float]] = frozenset()
+    found: list[Finding] = []
+    by_detector: dict[str, Detected] = {}
+    waiting: dict[str, Finding] = {}
+    for name, detect in DETECTORS:
+        out = detect(ctx, explained)
+        by_detector[name] = out
+        found += out.findings
+        waiting |= {f.uuid: f for f in out.measurements}
+        explained |= out.explained
+    ordered = sorted(found, key=lambda f: (-f.gpu_hours_lost, f.kind, f.node, f.gpu, f.start))
+    return Results(tuple(ordered), waiting, by_detector)
 
 
 def find_all(
     data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds | None = None
 ) -> Results:
     """Every finding in the window."""
-    from analyzer import idle_held, neighbors, starved  # noqa: PLC0415  (they import this module)
-
-    ctx = context(data, verdicts, thresholds or Thresholds())
-    found = idle_held.find(ctx) + neighbors.find(ctx)
-    evaluated = starved.evaluate(ctx)
-    found += [f for f, above in evaluated if above]
-    waiting = {f.uuid: f for f, above in evaluated if starved.measured(f, above)}
-    ordered = sorted(found, key=lambda f: (-f.gpu_hours_lost, f.kind, f.node, f.gpu, f.start))
-    return Results(tuple(ordered), waiting)
+    return run(context(data, verdicts, thresholds or Thresholds()))

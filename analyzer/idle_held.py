@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from analyzer.findings import GIB, Context, Finding, GpuView, gpu_name, hours
+from analyzer.context import GIB, Context, Detected, Finding, GpuView, gpu_name, hours
 from analyzer.load import Bucket
 
 NO_PROCESS = "no process"
@@ -29,12 +29,15 @@ class _Run:
     memory_bytes: float
 
 
-def find(ctx: Context) -> list[Finding]:
+def detect(ctx: Context, explained: frozenset[tuple[str, float]] = frozenset()) -> Detected:
+    """Idle-held GPUs and tenants; the held, compute-free intervals are explained (they are not
+    also starvation). Runs first: ``explained`` is empty here."""
     out = []
+    mine_explained: set[tuple[str, float]] = set()
     for view in ctx.views.values():
         runs = _runs(ctx, view)
         for r in runs:  # held with no compute is not also starvation
-            ctx.explained.update(
+            mine_explained.update(
                 (view.info.uuid, b.start) for b in view.buckets if r.start <= b.start < r.end
             )
         for holder in sorted({r.holder for r in runs}):
@@ -44,7 +47,7 @@ def find(ctx: Context) -> list[Finding]:
         for holder in sorted({r.holder for r in shared}):
             mine = [r for r in shared if r.holder == holder]
             out.append(_finding(ctx, view, holder, mine, shared_gpu=True))
-    return out
+    return Detected(tuple(out), frozenset(mine_explained))
 
 
 def _tenant_runs(ctx: Context, view: GpuView) -> list[_Run]:

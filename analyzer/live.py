@@ -14,45 +14,32 @@ never imports ``analyzer``) analyzes its own store over a trailing window and ex
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from analyzer import neighbors, starved
+from agent.schema import GpuAnalysis
 from analyzer.classify import classify
-from analyzer.findings import Context, Finding, context
+from analyzer.context import Context, Finding, context
+from analyzer.findings import run
 from analyzer.idle_held import holders
 from analyzer.load import load
 from analyzer.thresholds import Thresholds
 
 
-@dataclass(frozen=True, slots=True)
-class GpuAnalysis:
-    node: str
-    gpu: int
-    uuid: str
-    starved_ratio: float | None = None
-    starved_cause: str | None = None
-    slowdown_ratio: float | None = None
-    victim: str | None = None
-    aggressor: str | None = None
-    resource: str | None = None
-    idle_held_seconds: float = 0.0
-    holder: str | None = None
-
-
 def trailing(
     path: Path, window_seconds: float, thresholds: Thresholds, timeout: float = 5.0
 ) -> list[GpuAnalysis]:
-    """Analyze the newest ``window_seconds`` of one store."""
+    """Analyze the newest ``window_seconds`` of one store, with the same detectors, in the same
+    order, as ``aiscope analyze`` (so its exclusions are the report's)."""
     data = load([path], window_seconds, timeout=timeout)
     ctx = context(data, classify(data), thresholds)
+    results = run(ctx)
     noisy: dict[str, Finding] = {}
-    for f in neighbors.find(ctx):
+    for f in results.by_detector["noisy_neighbor"].findings:
         if f.uuid not in noisy or f.detail("slowdown_ratio") > noisy[f.uuid].detail(
             "slowdown_ratio"
         ):
             noisy[f.uuid] = f
-    waits = {f.uuid: f for f in starved.measure(ctx)}
+    waits = results.waiting
     out = []
     for uuid, view in ctx.views.items():
         idle_seconds, holder = _idle_tail(ctx, uuid)

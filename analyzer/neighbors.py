@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from analyzer.changepoint import mean_shift
 from analyzer.classify import _pearson
-from analyzer.findings import Context, Finding, GpuView, gpu_name, hours
+from analyzer.context import Context, Detected, Finding, GpuView, gpu_name, hours
 from analyzer.load import Bucket, HostBucket
 
 BASELINE_SECONDS = 6 * 3600.0
@@ -41,13 +41,20 @@ class _Overlap:
     end: float  # exclusive
 
 
-def find(ctx: Context) -> list[Finding]:
+def detect(ctx: Context, explained: frozenset[tuple[str, float]] = frozenset()) -> Detected:
+    """Noisy neighbours; each finding explains its GPU's intervals within its window."""
     out: list[Finding] = []
     for view in ctx.views.values():
         out += _co_tenants(ctx, view)
     for node, host in sorted(ctx.data.hosts.items()):
         out += _host_cpu(ctx, node, host)
-    return out
+    windows = {
+        (f.uuid, b.start)
+        for f in out
+        for b in ctx.views[f.uuid].buckets
+        if f.start <= b.start < f.end
+    }
+    return Detected(tuple(out), frozenset(windows))
 
 
 # -- GPU co-tenants -------------------------------------------------------------------------------
@@ -188,9 +195,6 @@ def _finding(
     evidence: tuple[str, ...],
     r: float | None,
 ) -> Finding:
-    for b in view.buckets:
-        if o.start <= b.start < o.end:
-            ctx.explained.add((view.info.uuid, b.start))
     return Finding(
         kind="noisy_neighbor",
         node=view.info.node,

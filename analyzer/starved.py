@@ -38,12 +38,13 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
+from agent.schema import FED_CLASSES
 from analyzer.changepoint import Straggler, find_straggler
-from analyzer.findings import Context, Finding, GpuView, gpu_name
+from analyzer.context import Context, Detected, Finding, GpuView, gpu_name
 from analyzer.load import Bucket, CgroupBucket, HostBucket
 
 NOISE = 0.05  # waiting below this share of an interval is measurement noise
-CLASSES = ("training", "batch")
+CLASSES = FED_CLASSES
 #: A GPU classified otherwise (a CPU-starved job can read like a lightly loaded server) is still
 #: starved when direct evidence names the cause: its cgroup's CPU, or I/O pressure.
 EVIDENCED = ("input_cpu", "input_io")
@@ -75,15 +76,15 @@ class _Loss:
     power_share: float | None  # power above idle relative to the fed level
 
 
-def find(ctx: Context) -> list[Finding]:
-    """Starved GPUs whose waiting passes the thresholds."""
-    return [f for f, above in evaluate(ctx) if above]
-
-
-def measure(ctx: Context) -> list[Finding]:
-    """Every training or batch GPU's waiting, below the thresholds too (for the live gauges),
-    and other GPUs that are starved by the evidence."""
-    return [f for f, above in evaluate(ctx) if measured(f, above)]
+def detect(ctx: Context, explained: frozenset[tuple[str, float]] = frozenset()) -> Detected:
+    """Starved GPUs whose waiting passes the thresholds, not counting intervals an earlier
+    detector explained; and, as measurements, every training or batch GPU's waiting below the
+    thresholds too (for ``gpus[]`` and the live gauges)."""
+    evaluated = evaluate(ctx, explained)
+    return Detected(
+        findings=tuple(f for f, above in evaluated if above),
+        measurements=tuple(f for f, above in evaluated if measured(f, above)),
+    )
 
 
 def measured(f: Finding, above: bool) -> bool:
@@ -92,13 +93,15 @@ def measured(f: Finding, above: bool) -> bool:
     return above or f.detail("class") in CLASSES
 
 
-def evaluate(ctx: Context) -> list[tuple[Finding, bool]]:
+def evaluate(
+    ctx: Context, explained: frozenset[tuple[str, float]] = frozenset()
+) -> list[tuple[Finding, bool]]:
     out = []
     for job in _jobs(ctx):
         _references(ctx, job)
         comm_waits = _comm_waits(ctx, job)
         for member in job.members:
-            losses = [_loss(ctx, job, member, b, comm_waits) for b in member.buckets]
+            losses = [_loss(ctx, job, member, b, comm_waits, explained) for b in member.buckets]
             out.append(_finding(ctx, job, member, [x for x in losses if x is not None]))
     return out
 
@@ -188,10 +191,15 @@ def _power_share(ctx: Context, job: _Job, view: GpuView, b: Bucket) -> float | N
 
 
 def _loss(
-    ctx: Context, job: _Job, m: _Member, b: Bucket, comm_waits: Counter[float]
+    ctx: Context,
+    job: _Job,
+    m: _Member,
+    b: Bucket,
+    comm_waits: Counter[float],
+    explained: frozenset[tuple[str, float]],
 ) -> _Loss | None:
     th = ctx.thresholds
-    if (m.view.info.uuid, b.start) in ctx.explained or b.util is None:
+    if (m.view.info.uuid, b.start) in explained or b.util is None:
         return None
     fed_class = m.view.class_at(b.start) in CLASSES
     share = _power_share(ctx, job, m.view, b)

@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 from analyzer.classify import CLASSES, GpuVerdict, class_at
-from analyzer.findings import Finding
+from analyzer.context import Finding
 from analyzer.load import Bucket, FleetData
 
 HOUR = 3600
@@ -100,7 +100,7 @@ def _timeline(data: FleetData, verdicts: list[GpuVerdict]) -> dict[str, Any]:
     """GPUs by class per hour (the class a GPU had for most of the hour)."""
     start = data.window_start - data.window_start % HOUR
     slots = int((data.window_end - start) // HOUR) + 1
-    counts = {c: [0] * slots for c in CLASSES}
+    counts: dict[str, list[int]] = {c: [0] * slots for c in CLASSES}
     for v in verdicts:
         per_hour: dict[int, Counter[str]] = {}
         for b in data.buckets.get(v.info.uuid, ()):

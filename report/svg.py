@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import itertools
+import math
 from collections.abc import Sequence
 
 #: Okabe & Ito (2008), "Color Universal Design": distinguishable for protan, deutan and tritan.
@@ -58,8 +59,44 @@ def _esc(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def _label(x: float, y: float, text: str, anchor: str = "middle") -> str:
-    return f'<text x="{x:.1f}" y="{y:.1f}" class="lbl" text-anchor="{anchor}">{_esc(text)}</text>'
+def _label(x: float, y: float, text: str, anchor: str = "middle", cls: str = "lbl") -> str:
+    return f'<text x="{x:.1f}" y="{y:.1f}" class="{cls}" text-anchor="{anchor}">{_esc(text)}</text>'
+
+
+def nice_ticks(vmax: float, most: int = 6) -> list[float]:
+    """Ticks from 0 in 1-2-5 steps (at most ``most`` of them); the last is the smallest such
+    tick at or above ``vmax``, so the axis top is a labelled value, not 1.1 x the maximum."""
+    vmax = vmax if vmax > 0 else 1.0
+    exp = math.floor(math.log10(vmax / most))
+    for k in range(exp, exp + 3):
+        for m in (1, 2, 5):
+            step = m * 10.0**k
+            n = math.ceil(vmax / step - 1e-9)
+            if n <= most:
+                return [round(i * step, 9) for i in range(n + 1)]
+    return [0.0, vmax]  # unreachable: 10**(exp+2) >= vmax always fits
+
+
+def tick_text(v: float, step: float, pct: bool = False) -> str:
+    """A tick's exact value, with as many decimals as its step needs (no rounding away)."""
+    scale = 100.0 if pct else 1.0
+    decimals = max(0, -math.floor(math.log10(step * scale) + 1e-9)) if step > 0 else 0
+    return f"{v * scale:.{decimals}f}" + ("%" if pct else "")
+
+
+def _y(v: float, top: float, h: float, ymax: float) -> float:
+    """The y of value ``v``: one mapping for gridlines and data, so a 4 sits on the 4 line."""
+    return round(top + h - h * v / ymax, 1)
+
+
+def _x_labels(labels: Sequence[tuple[float, str]], left: int, w: int, n: int, y: int) -> str:
+    """Labels at (index, text) along the x axis; one past the right edge would be cut off."""
+    out = []
+    for i, text in labels:
+        x = left + w * i / max(n - 1, 1)
+        if x <= left + w - 14:
+            out.append(_label(x, y, text, cls="lbl xtick"))
+    return "".join(out)
 
 
 def _open(width: int, height: int, title: str, desc: str) -> tuple[str, str]:
@@ -116,49 +153,51 @@ def stacked_area(
     series: dict[str, Sequence[float]],
     title: str,
     desc: str,
-    x_labels: Sequence[tuple[int, str]] = (),
+    x_labels: Sequence[tuple[float, str]] = (),
     y_label: str = "GPUs",
     width: int = 760,
     height: int = 240,
 ) -> str:
-    """Stacked areas (GPUs by class over time). ``x_labels``: (index, text) ticks."""
+    """Stacked areas (GPUs by class over time). ``x_labels``: (index, text) ticks; an index
+    may fall between two points (a midnight inside a bucket)."""
     head, uid = _open(width, height, title, desc)
     names = [n for n in series if any(series[n])]
     n = max((len(v) for v in series.values()), default=0)
     left, right, top, bottom = 44, 10, 28, 26
     w, h = width - left - right, height - top - bottom
     totals = [sum(series[k][i] for k in names) for i in range(n)]
-    ymax = max(max(totals, default=0), 1)
-    parts = [head, defs(names, uid), _axes(left, top, w, h, ymax, y_label)]
+    ticks = nice_ticks(max(totals, default=0))
+    ymax = ticks[-1]
+    parts = [head, defs(names, uid), _axes(left, top, w, h, ticks, y_label)]
     base = [0.0] * n
+    xs = [left + w * i / max(n - 1, 1) for i in range(n)]
     for name in names:
         upper = [base[i] + series[name][i] for i in range(n)]
-        xs = [left + w * i / max(n - 1, 1) for i in range(n)]
-        top_pts = [f"{x:.1f},{top + h - h * u / ymax:.1f}" for x, u in zip(xs, upper, strict=True)]
-        bot_pts = [f"{x:.1f},{top + h - h * b / ymax:.1f}" for x, b in zip(xs, base, strict=True)]
+        top_pts = [f"{x:.1f},{_y(u, top, h, ymax)}" for x, u in zip(xs, upper, strict=True)]
+        bot_pts = [f"{x:.1f},{_y(b, top, h, ymax)}" for x, b in zip(xs, base, strict=True)]
         parts.append(
             f'<polygon points="{" ".join(top_pts + bot_pts[::-1])}" fill="{fill(name, uid)}" '
             f'stroke="#fff" stroke-width="0.3"/>'
         )
         base = upper
-    for i, text in x_labels:
-        x = left + w * i / max(n - 1, 1)
-        if x <= width - 24:  # a label at the right edge would be cut off
-            parts.append(_label(x, height - 8, text))
+    parts.append(_x_labels(x_labels, left, w, n, height - 8))
     parts.append(_legend(names, uid, left, 6))
     parts.append("</svg>")
     return "".join(parts)
 
 
-def _axes(left: int, top: int, w: int, h: int, ymax: float, label: str, pct: bool = False) -> str:
+def _axes(
+    left: int, top: int, w: int, h: int, ticks: Sequence[float], label: str, pct: bool = False
+) -> str:
+    """Gridlines at ``ticks`` (the last is the axis top), each labelled with its exact value."""
     out = [f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#333"/>']
-    for k in range(5):
-        v = ymax * k / 4
-        y = top + h - h * k / 4
-        text = f"{v:.0%}" if pct else (f"{v:.0f}" if ymax >= 4 else f"{v:.1f}")
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else 1.0
+    for v in ticks:
+        y = _y(v, top, h, ticks[-1])
         out.append(
-            f'<line x1="{left}" y1="{y:.1f}" x2="{left + w}" y2="{y:.1f}" stroke="#ddd" '
-            f'stroke-width="0.6"/>{_label(left - 5, y + 4, text, "end")}'
+            f'<line x1="{left}" y1="{y}" x2="{left + w}" y2="{y}" stroke="#ddd" '
+            f'stroke-width="0.6"/><text x="{left - 5}" y="{y}" class="lbl ytick" '
+            f'text-anchor="end" dominant-baseline="middle">{tick_text(v, step, pct)}</text>'
         )
     out.append(
         f'<text x="10" y="{top + h / 2:.0f}" class="lbl" '
@@ -179,7 +218,7 @@ def grouped_bars(
     measures = ["utilization", "power", "sm_active"]
     left, top, bottom = 44, 30, 30
     w, h = width - left - 10, height - top - bottom
-    parts = [head, _axes(left, top, w, h, 1.0, "share", pct=True)]
+    parts = [head, _axes(left, top, w, h, nice_ticks(1.0), "share", pct=True)]
     slot = w / max(len(groups), 1)
     bar = min(slot / (len(measures) + 1), 40)
     for gi, (group, values) in enumerate(groups.items()):
@@ -190,7 +229,7 @@ def grouped_bars(
             if v is None:
                 parts.append(_label(x + bar / 2, top + h - 4, "n/a"))
                 continue
-            bh = h * min(v, 1.0)
+            bh = top + h - _y(min(v, 1.0), top, h, 1.0)
             dash = DASHES.get(m, "")
             parts.append(
                 f'<rect x="{x:.1f}" y="{top + h - bh:.1f}" width="{bar - 3:.1f}" height="{bh:.1f}" '
@@ -225,15 +264,17 @@ def lines(
     height: int = 220,
     y_label: str = "GPUs",
     steps: Sequence[str] = (),
-    x_labels: Sequence[tuple[int, str]] = (),
+    x_labels: Sequence[tuple[float, str]] = (),
 ) -> str:
-    """Line chart (``steps`` names are drawn as step lines: a reservation schedule)."""
+    """Line chart (``steps`` names are drawn as step lines: a reservation schedule); values
+    are drawn where they are on a 1-2-5 axis."""
     head, _ = _open(width, height, title, desc)
     left, top, bottom = 44, 30, 28
     w, h = width - left - 10, height - top - bottom
     values = [v for s in series.values() for v in s if v is not None]
-    ymax = max(max(values, default=1.0) * 1.1, 1.0)
-    parts = [head, _axes(left, top, w, h, ymax, y_label)]
+    ticks = nice_ticks(max(values, default=1.0))
+    ymax = ticks[-1]
+    parts = [head, _axes(left, top, w, h, ticks, y_label)]
     dashes = ["", "6 3", "2 2", "8 2 2 2"]
     for k, (name, s) in enumerate(series.items()):
         n = len(s)
@@ -242,7 +283,7 @@ def lines(
             if v is None:
                 continue
             x = left + w * i / max(n - 1, 1)
-            y = top + h - h * v / ymax
+            y = _y(v, top, h, ymax)
             if name in steps and pts:
                 pts.append(f"{x:.1f},{pts[-1].split(',')[1]}")
             pts.append(f"{x:.1f},{y:.1f}")
@@ -257,10 +298,7 @@ def lines(
             + _label(left + k * 170 + 27, 16, name.replace("_", " "), "start")
         )
     n = max((len(s) for s in series.values()), default=1)
-    for i, text in x_labels:
-        x = left + w * i / max(n - 1, 1)
-        if x <= width - 24:  # a label at the right edge would be cut off
-            parts.append(_label(x, height - 8, text))
+    parts.append(_x_labels(x_labels, left, w, n, height - 8))
     parts.append("</svg>")
     return "".join(parts)
 

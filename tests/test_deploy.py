@@ -64,6 +64,31 @@ def test_prometheusrule_is_generated_from_the_rules() -> None:
     assert manifest["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
 
 
+def test_alert_thresholds_come_from_the_analyzers_thresholds(tmp_path: Path) -> None:
+    """The defaults and a user's [thresholds] override reach the alerts, not only the report."""
+    from analyzer.thresholds import Thresholds
+
+    rules = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+    th = Thresholds()
+    assert rules["AiscopeGpuIdleHeld"]["expr"].endswith(f"> {th.idle_held_window_seconds:g}")
+    assert rules["AiscopeNoisyNeighbor"]["expr"].endswith(f"> {th.noisy_min_slowdown_ratio:g}")
+    config = tmp_path / "aiscope.toml"
+    config.write_text(
+        "[thresholds]\nidle_held_window_seconds = 7200\nnoisy_min_slowdown_ratio = 0.2\n"
+    )
+    out = tmp_path / "rules.yaml"
+    gen = DEPLOY / "prometheus" / "generate.py"
+    result = _run(sys.executable, gen, "--config", config, "--out", out)
+    assert result.returncode == 0, result.stderr
+    mine = {r["alert"]: r for g in yaml.safe_load(out.read_text())["groups"] for r in g["rules"]}
+    assert mine["AiscopeGpuIdleHeld"]["expr"].endswith("> 7200")
+    assert "over 2 hours" in mine["AiscopeGpuIdleHeld"]["annotations"]["description"]
+    assert mine["AiscopeNoisyNeighbor"]["expr"].endswith("> 0.2")
+    config.write_text("[thresholds]\nnoisy_min_slowdown_ratio = 2\n")
+    bad = _run(sys.executable, gen, "--config", config, "--out", out)
+    assert bad.returncode == 2 and "noisy_min_slowdown_ratio" in bad.stderr
+
+
 # -- Kubernetes ---------------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@ rendered in a real headless Chromium (no console errors, no outside requests, a 
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
 import pytest
 
@@ -222,3 +224,221 @@ def test_demo_writes_the_three_files(tmp_path: Path) -> None:
         r["kind"] for r in doc["recommendations"]
     }
     assert "ERROR" not in result.stderr  # the scenario's faults are in the report, not the log
+
+
+# --- What the charts and tables say, number by number -------------------------------------------
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _charts(page: str) -> list[ET.Element]:
+    """Every inline chart on the page, parsed."""
+    return [ET.fromstring(m.group(0)) for m in re.finditer(r"<svg\b.*?</svg>", page, re.S)]
+
+
+def _chart(page: str, title: str) -> ET.Element:
+    found = [c for c in _charts(page) if (c.findtext(f"{SVG}title") or "").startswith(title)]
+    assert found, f"no chart titled {title!r}"
+    return found[0]
+
+
+def _texts(chart: ET.Element, cls: str) -> list[tuple[str, float, float]]:
+    """(text, x, y) of the chart's ``<text>`` elements of one kind: ``ytick`` (y-axis labels,
+    anchored at their end), ``xtick`` (x-axis labels, centred) or a class name (``key``)."""
+    anchor = {"ytick": "end", "xtick": "middle"}.get(cls)
+    return [
+        (t.text or "", float(t.get("x", "nan")), float(t.get("y", "nan")))
+        for t in chart.iter(f"{SVG}text")
+        if not t.get("transform")  # the rotated axis title
+        and (t.get("text-anchor") == anchor if anchor else cls in (t.get("class") or "").split())
+    ]
+
+
+def _points(element: ET.Element) -> list[tuple[float, float]]:
+    return [
+        (float(x), float(y)) for x, y in (p.split(",") for p in element.get("points", "").split())
+    ]
+
+
+def _polyline(chart: ET.Element, stroke: str) -> ET.Element:
+    return next(p for p in chart.iter(f"{SVG}polyline") if p.get("stroke") == stroke)
+
+
+def _with(doc: dict, **changes: object) -> dict:
+    out = copy.deepcopy(doc)
+    out.update(changes)
+    return out
+
+
+UID = "1b4e0002-6f1d-4d6e-9a57-2c1f0f1e3a9b"
+
+
+def _reservation(schedule: list[int], current: int, pool: str = f"pod {UID}", **extra) -> dict:
+    """A reservation recommendation shaped like the demo's (``aiscope demo``'s analysis.json)."""
+    lo, hi = min(schedule), max(schedule)
+    return {
+        "kind": "reservation",
+        "summary": f"Reserve {hi + 1} GPUs for {pool} (p99 of demand at 70% target utilization, "
+        f"+10% headroom, +1 for a node failure); by hour of day it needs {lo}-{hi}, so "
+        f"{hi - lo} can lend to batch off-peak. It holds {current} today.",
+        "pool": pool,
+        "gpus": hi + 1,
+        "quantile": 0.99,
+        "current_gpus": current,
+        "spare_gpus": 1,
+        "schedule": {"by": "hour of day", "gpus": schedule},
+        "replay": {"recommended": {"under_ratio": 0.0, "idle_gpu_hours": 82.0}},
+        "effect": {"gpus_needed": 0, "gpus_freed": 0, "risk": "none in replay"},
+        "confidence": 0.7,
+        "evidence": [f"{pool}: {current} GPUs on 1 node(s)", "command: tritonserver"],
+        "demand_by_hour": {
+            "p50": [round(2.0 + 1.2 * (h % 12) / 11, 2) for h in range(24)],
+            "p99": [round(3.0 + 1.6 * (h % 12) / 11, 2) for h in range(24)],
+        },
+        **extra,
+    }
+
+
+def test_line_chart_ticks_are_nice_and_values_sit_on_them(doc: dict) -> None:
+    """A service holding 4 GPUs is drawn exactly on the gridline labelled 4; the axis top is
+    the smallest 1-2-5 tick at or above the maximum (the 6-GPU reservation), not 1.1 x it."""
+    rec = _reservation([6] * 7 + [4] * 5 + [6] * 12, current=4)
+    page = render_html(_with(doc, recommendations=[rec], not_enough_data=[]))
+    chart = _chart(page, "Demand and reservation")
+    ticks = _texts(chart, "ytick")
+    assert [t for t, _, _ in ticks] == ["0", "1", "2", "3", "4", "5", "6"]
+    # height 200: plot from y=30 to y=172; 6 at the top, 4 two thirds of the way up.
+    assert {t: y for t, _, y in ticks} == pytest.approx(
+        {"0": 172.0, "1": 148.3, "2": 124.7, "3": 101.0, "4": 77.3, "5": 53.7, "6": 30.0},
+        abs=0.05,
+    )
+    current = _points(_polyline(chart, "#555555"))
+    assert {y for _, y in current} == {77.3}  # exactly the y of the tick labelled "4"
+    reserved = _points(_polyline(chart, "#0072B2"))
+    assert {y for _, y in reserved} == {30.0, 77.3}  # the schedule's 6 and 4
+
+
+def test_ratio_axes_use_even_ticks(doc: dict) -> None:
+    chart = _chart(render_html(doc), "Utilization beside power")
+    assert [t for t, _, _ in _texts(chart, "ytick")] == ["0%", "20%", "40%", "60%", "80%", "100%"]
+
+
+def test_fleet_timeline_starts_with_data_and_labels_midnights(doc: dict) -> None:
+    # The fixture's window starts at 15:59:59: the 15:00 hour holds no bucket and is not drawn.
+    chart = _chart(render_html(doc), "GPUs by class")
+    labels = _texts(chart, "xtick")
+    assert [(t, x) for t, x, _ in labels[:2]] == [("16:00", 44.0), ("17:00", 144.9)]
+    assert [t for t, _, _ in _texts(chart, "ytick")] == ["0", "2", "4", "6", "8"]
+    top = list(chart.iter(f"{SVG}polygon"))[-1]  # the last class stacked: all 7 GPUs
+    assert _points(top)[0] == (44.0, pytest.approx(51.25, abs=0.06))  # 7 of 8, not 0
+    # A week whose window starts at 23:59:59 on the 15th: the 23:00 hour is empty; day labels
+    # sit on midnights (UTC) and name the day that starts there.
+    week = copy.deepcopy(doc)
+    week["summary"]["timeline"] = {
+        "start": "2026-11-15T23:00:00Z",
+        "step_seconds": 3600,
+        "classes": {"training": [0] + [16] * 168, "idle": [0] + [8] * 168},
+    }
+    chart = _chart(render_html(week), "GPUs by class")
+    labels = _texts(chart, "xtick")
+    assert [t for t, _, _ in labels] == [
+        "Mon 16",
+        "Tue 17",
+        "Wed 18",
+        "Thu 19",
+        "Fri 20",
+        "Sat 21",
+        "Sun 22",
+    ]
+    assert labels[0][1] == 44.0 and labels[1][1] == pytest.approx(44 + 706 * 24 / 167, abs=0.06)
+    assert [t for t, _, _ in _texts(chart, "ytick")] == ["0", "5", "10", "15", "20", "25"]
+    top = list(chart.iter(f"{SVG}polygon"))[-1]
+    assert _points(top)[0] == (44.0, pytest.approx(214 - 186 * 24 / 25, abs=0.06))
+
+
+def test_gpu_why_shows_the_class_evidence(doc: dict) -> None:
+    gpu = copy.deepcopy(doc["gpus"][0]) | {
+        "class": "training",
+        "confidence": 0.98,
+        "evidence": [
+            "training for 46% of the window",
+            "idle for 54%",
+            "8 GPUs in lockstep (r=0.99)",
+            "NVLink 24 GB/s (all-reduce traffic)",
+        ],
+    }
+    idle = copy.deepcopy(doc["gpus"][5])
+    assert idle["evidence"][0] == "idle for 100% of the window"
+    two = _with(doc, gpus=[gpu, idle])
+    why = "training for 46% of the window; 8 GPUs in lockstep (r=0.99)"
+    md = render_md(two)
+    assert f"| 0.98 | 2.2 | {why} |" in md
+    assert "| idle for 100% of the window; no memory held and no kernels ran |" in md
+    assert f"<td>{why}</td>" in render_html(two)
+    assert "idle for 54%" not in md
+
+
+def test_evidence_sparklines_have_a_visible_key(doc: dict) -> None:
+    spark = _chart(render_html(doc), "Evidence for n1/0")
+    key = [t for t, _, _ in _texts(spark, "key")]
+    assert key == ["utilization", "power / limit", "memory / device"]
+    scale = {t: y for t, _, y in _texts(spark, "ytick")}
+    assert list(scale) == ["0%", "100%"]
+    # The training rank's memory (60 of 80 GiB: 75% of the device) is drawn at 75% of the scale.
+    memory = _points(_polyline(spark, "#999999"))
+    expected = scale["0%"] - 0.75 * (scale["0%"] - scale["100%"])
+    assert {y for _, y in memory} == {pytest.approx(expected, abs=0.06)}
+
+
+def test_reservation_names_the_service_not_a_pod_uid(doc: dict) -> None:
+    bare = _reservation([2] * 24, current=1)
+    named = _reservation([2] * 24, current=1, service="serving/chat-api")
+    md = render_md(_with(doc, recommendations=[bare], not_enough_data=[]))
+    assert UID not in md and "pod 1b4e0002" in md
+    page = render_html(_with(doc, recommendations=[named], not_enough_data=[]))
+    assert UID not in page and "serving/chat-api" in page
+    chart = _chart(page, "Demand and reservation for serving/chat-api")
+    assert [t for t, _, _ in _texts(chart, "ytick")][-1] == "5"  # the p99's 4.6, rounded up
+
+
+def test_a_flat_need_is_one_number(doc: dict) -> None:
+    rec = _reservation([1] * 24, current=1)
+    md = render_md(_with(doc, recommendations=[rec], not_enough_data=[]))
+    assert "needs 1," in md and "needs 1-1" not in md
+    page = render_html(_with(doc, recommendations=[rec], not_enough_data=[]))
+    assert "runs 1 to 1" not in page
+
+
+def test_split_without_inference_names_no_empty_pool(doc: dict) -> None:
+    split = next(r for r in doc["recommendations"] if r["kind"] == "split")
+    assert split["pools"]["inference-reserved"] == 0  # the fixture: no inference to reserve for
+    md = render_md(doc)
+    assert "0 reserved for inference" not in md and "inference-reserved 0" not in md
+    assert "no inference pool is needed" in md
+    assert "pools: training 4, flexible 3" in md
+    chart = _chart(render_html(doc), "GPUs by class today, and by pool")
+    assert "inference-reserved 0" not in (chart.findtext(f"{SVG}desc") or "")
+    after = [t for t, _, y in _texts(chart, "lbl") if 40 < y < 100]  # the second row's segments
+    assert after == ["4", "3"]
+
+
+@pytest.fixture(scope="module")
+def empty_doc(tmp_path_factory) -> dict:
+    """One GPU sampled once: a window with no GPU-hours in it."""
+    path = tmp_path_factory.mktemp("empty") / "fleet.duckdb"
+    build_store(path, 1, {0: lambda m: (0.0, 0.0, 70.0)})
+    return analyze([str(path)], since="7d")
+
+
+def test_an_empty_window_says_so(empty_doc: dict) -> None:
+    assert sum(empty_doc["summary"]["gpu_hours"].values()) == 0
+    md = render_md(empty_doc)
+    head = md.split("## Headline")[1].split("## Fleet timeline")[0]
+    assert "No data in the window" in head
+    assert "%" not in head and "()" not in head
+    page = render_html(empty_doc)
+    section = page.split('id="headline"')[1].split("</section>")[0]
+    assert "No data in the window" in section and "%" not in section
+    buffer = io.StringIO()
+    render_text(empty_doc, file=buffer, width=100)
+    assert "No data in the window" in buffer.getvalue() and "Useful" not in buffer.getvalue()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from analyzer.classify import GpuVerdict
-from analyzer.findings import Finding
+from analyzer.context import Finding
 from analyzer.load import FleetData
 
 
