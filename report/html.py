@@ -39,7 +39,7 @@ th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid #ddd; vert
 th { background: #f2f2f2; white-space: nowrap; } td:first-child { white-space: nowrap; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .chart { max-width: 100%; height: auto; margin: 6px 0; }
-.chart .lbl { font: 11px sans-serif; fill: #222; }
+.chart .lbl { font: 11px sans-serif; fill: #222; } .chart .key { font-size: 10px; }
 .rec { border-left: 4px solid #0072B2; padding: 6px 12px; margin: 12px 0; background: #f7fafc; }
 .rec p { margin: 4px 0; } .rec ul { margin: 4px 0 4px 18px; padding: 0; font-size: 13px; }
 .ev { font-size: 12px; color: #333; } .muted { color: #555; font-size: 13px; }

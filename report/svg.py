@@ -99,11 +99,14 @@ def _x_labels(labels: Sequence[tuple[float, str]], left: int, w: int, n: int, y:
     return "".join(out)
 
 
-def _open(width: int, height: int, title: str, desc: str) -> tuple[str, str]:
+def _open(
+    width: int, height: int, title: str, desc: str, fixed: bool = False
+) -> tuple[str, str]:
+    """The ``<svg>`` head; ``fixed`` charts keep their pixel width (text stays legible)."""
     n = next(_ids)
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
-        f'width="100%" role="img" aria-labelledby="t{n} d{n}" class="chart">'
+        f'width="{width if fixed else "100%"}" role="img" aria-labelledby="t{n} d{n}" class="chart">'
         f'<title id="t{n}">{_esc(title)}</title><desc id="d{n}">{_esc(desc)}</desc>'
     )
     return head, str(n)
@@ -303,27 +306,62 @@ def lines(
     return "".join(parts)
 
 
+#: What each evidence series is: every one a ratio (of the power limit, of device memory).
+SPARK_KEYS = {
+    "utilization": "utilization",
+    "power": "power / limit",
+    "sm_active": "SM activity",
+    "memory": "memory / device",
+}
+
+
 def sparkline(series: dict[str, Sequence[float | None]], title: str, desc: str) -> str:
-    """A small chart of a finding's evidence (0..1 ratios), 240x48."""
-    width, height = 240, 48
-    head, _ = _open(width, height, title, desc)
-    parts = [head, f'<rect width="{width}" height="{height}" fill="#fafafa" stroke="#ddd"/>']
-    for name, s in series.items():
-        n = len(s)
+    """A small chart of a finding's evidence: ratios on a 0-100% scale, with a visible key."""
+    width, height, left, top = 300, 74, 30, 20
+    w, h = width - left - 4, height - top - 4
+    head, _ = _open(width, height, title, desc, fixed=True)
+    drawn = {k: v for k, v in series.items() if sum(x is not None for x in v) > 1}
+    parts = [
+        head,
+        f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="#fafafa" stroke="#ddd"/>',
+        _spark_scale(left, top, h),
+        _spark_key(list(drawn)),
+    ]
+    for name, s in drawn.items():
         pts = [
-            f"{2 + (width - 4) * i / max(n - 1, 1):.1f},"
-            f"{height - 3 - (height - 6) * min(v, 1.0):.1f}"
+            f"{left + w * i / max(len(s) - 1, 1):.1f},{_y(min(max(v, 0.0), 1.0), top, h, 1.0)}"
             for i, v in enumerate(s)
             if v is not None
         ]
-        if len(pts) > 1:
-            parts.append(
-                f'<polyline points="{" ".join(pts)}" fill="none" '
-                f'stroke="{COLORS.get(name, "#444")}" '
-                f'stroke-width="1.5" stroke-dasharray="{DASHES.get(name, "")}"/>'
-            )
+        parts.append(
+            f'<polyline points="{" ".join(pts)}" fill="none" '
+            f'stroke="{COLORS.get(name, "#444")}" '
+            f'stroke-width="1.5" stroke-dasharray="{DASHES.get(name, "")}"/>'
+        )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _spark_scale(left: int, top: int, h: int) -> str:
+    return "".join(
+        f'<text x="{left - 3}" y="{_y(v, top, h, 1.0)}" class="lbl ytick" text-anchor="end" '
+        f'dominant-baseline="middle">{v:.0%}</text>'
+        for v in (0.0, 1.0)
+    )
+
+
+def _spark_key(names: Sequence[str]) -> str:
+    """A line sample and a label per series, in one row above the plot."""
+    out, x = [], 2.0
+    for name in names:
+        label = SPARK_KEYS.get(name, name.replace("_", " "))
+        out.append(
+            f'<line x1="{x:.1f}" y1="8" x2="{x + 16:.1f}" y2="8" stroke="{COLORS.get(name, "#444")}" '
+            f'stroke-width="1.5" stroke-dasharray="{DASHES.get(name, "")}"/>'
+            f'<text x="{x + 20:.1f}" y="12" class="lbl key">{_esc(label)}</text>'
+        )
+        x += 30 + 5.6 * len(label)
+    return "".join(out)
 
 
 def share_bar(shares: dict[str, float], title: str, desc: str, width: int = 760) -> str:
@@ -351,7 +389,7 @@ def stacked_bars(rows: dict[str, dict[str, float]], title: str, desc: str, width
     """Horizontal 100% bars, one per row (before / after a split), segments by name."""
     height = 30 + 34 * len(rows) + 22
     head, uid = _open(width, height, title, desc)
-    names = list(dict.fromkeys(n for r in rows.values() for n in r))
+    names = list(dict.fromkeys(n for r in rows.values() for n, v in r.items() if v > 0))
     parts = [head, defs(names, uid)]
     left = 110
     for i, (label, segments) in enumerate(rows.items()):
