@@ -19,10 +19,10 @@ from __future__ import annotations
 import pwd
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.redact import redact_argv
+from agent.schema import Process
 
 _SLURM_JOB = re.compile(r"/job_(\d+)(?:/|$)")
 _POD_SYSTEMD = re.compile(r"-pod([0-9a-f_]{36})\.slice")
@@ -31,22 +31,6 @@ _CONTAINER = re.compile(r"(?:cri-containerd|docker|crio|containerd)-([0-9a-f]{12
 _CONTAINER_CGROUPFS = re.compile(r"/pod[0-9a-f-]{36}/([0-9a-f]{12,64})$")
 _SERVICE = re.compile(r"([^/]+\.service)")
 _MAX_CMDLINE_CHARS = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class Attribution:
-    """Identity and ownership of one process; fields are ``None`` when unknown."""
-
-    pid: int
-    start_ticks: int | None
-    comm: str | None
-    cmdline: str | None
-    user: str | None
-    cgroup: str | None
-    slurm_job_id: str | None
-    k8s_pod_uid: str | None
-    container_id: str | None
-    systemd_unit: str | None
 
 
 def _default_user_name(uid: int) -> str:
@@ -71,15 +55,17 @@ class ProcReader:
         self._root = proc_root
         self._user_name = user_name
 
-    def attribute(self, pid: int) -> Attribution | None:
-        """Attribution for ``pid``, or ``None`` when the process is gone (churn is normal)."""
+    def attribute(self, pid: int, node: str = "", now: float = 0.0) -> Process | None:
+        """The identity and attribution of ``pid`` on ``node``, first and last seen ``now``, or
+        ``None`` when the process is gone (churn is normal). Fields are ``None`` when unknown."""
         base = self._root / str(pid)
         stat = _read(base / "stat")
         if stat is None:
             return None
         cgroup = parse_cgroup(_read(base / "cgroup") or "")
         slurm_job = slurm_job_from_cgroup(cgroup) or self._slurm_job_from_environ(base)
-        return Attribution(
+        return Process(
+            node=node,
             pid=pid,
             start_ticks=start_ticks_from_stat(stat),
             comm=(_read(base / "comm") or "").strip() or None,
@@ -90,6 +76,8 @@ class ProcReader:
             k8s_pod_uid=pod_uid_from_cgroup(cgroup),
             container_id=container_id_from_cgroup(cgroup),
             systemd_unit=systemd_unit_from_cgroup(cgroup),
+            first_seen_ts=now,
+            last_seen_ts=now,
         )
 
     def start_ticks(self, pid: int) -> int | None:

@@ -19,10 +19,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 
-from agent.attribution import Attribution, ProcReader
+from agent.attribution import ProcReader
 from agent.deadline import DeadlineExceeded, DeadlineRunner
 from agent.host import HostReader
 from agent.nvml import (
@@ -108,7 +108,7 @@ class Sampler:
         self._driver_failures = 0
         self._driver_retry_at = 0.0
         self._devices: dict[str, Device] = {}
-        self._attribution: dict[tuple[int, int | None], Attribution | None] = {}
+        self._attribution: dict[tuple[int, int | None], Process | None] = {}
         self._counters = _Counters()
         self._lock = threading.Lock()
         self._snapshot = Snapshot(node=node, driver_up=False)
@@ -296,7 +296,7 @@ class Sampler:
     def _identity(self, proc: GpuProcess, now: float) -> Process:
         a = proc.attribution
         assert a is not None
-        return Process(node=self.node, **asdict(a), first_seen_ts=now, last_seen_ts=now)
+        return replace(a, node=self.node, first_seen_ts=now, last_seen_ts=now)
 
     # -- events --------------------------------------------------------------------------------
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.attribution import Attribution
-from agent.schema import CgroupSample, Device, GpuSample, HostSample, NetSample, ProcessSample
+from agent.schema import (
+    CgroupSample,
+    Device,
+    GpuSample,
+    HostSample,
+    NetSample,
+    Process,
+    ProcessSample,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,7 +22,7 @@ class GpuProcess:
 
     uuid: str
     sample: ProcessSample
-    attribution: Attribution | None
+    attribution: Process | None  #: identity and attribution; ``None`` when the pid is gone
 
 
 @dataclass(frozen=True, slots=True)
