@@ -44,7 +44,7 @@ def analyze(
     seconds = parse_duration(since)
     paths: list[Path] = expand(stores)
     data = load(paths, seconds, timeout=timeout)
-    verdicts = classify(data)
+    verdicts = classify(data, thresholds)
     results = find_all(data, verdicts, thresholds)
     recommendations, skipped = run_all(data, verdicts, results.findings)
     findings = []

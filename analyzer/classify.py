@@ -1,21 +1,36 @@
-"""What each GPU was doing: segment its timeline, describe each segment, classify it.
+"""What each GPU was doing: segment its timeline, measure each segment, classify it.
 
-Signals, each used when present and skipped when not (real captures often have only utilization
-and memory):
+How each class looks in telemetry, and what it rests on (every cutoff is in
+:class:`analyzer.thresholds.Thresholds`):
 
-* utilization level and distribution (a duty cycle, not efficiency), and how often the GPU shows
-  any activity at all (requests keep a server blipping; a notebook sits at zero for hours);
-* the memory plateau (flat for training and pre-allocating servers, load-following for a growing
-  KV cache) and its level relative to the device;
-* power relative to the limit, or to the GPU's own observed maximum when the limit is unknown:
-  ranks waiting in a collective read ~100% utilization at low power;
-* cross-GPU structure: GPUs that start together and move together are one job;
-* daily cycles (online serving follows its users), daily recurrence of bounded windows (batch);
-* process metadata (``torchrun``, ``vllm``, ``tritonserver``, ``jupyter``, ...) as a hint with its
-  own weight, never the only basis.
+``training``
+    Sustained saturation from the start, for hours to weeks: utilization reads 98-99% at the
+    median in LLM pre-training clusters (Acme trace, Hu et al., NSDI'24), power near the board
+    limit (POLCA, ASPLOS'24); ranks wait in collectives every step (busy at low power), and the
+    run dips on a fixed period for checkpoints and evaluation (Acme; Check-N-Run, NSDI'22). No
+    daily cycle: nobody sends it requests.
+``inference``
+    Load driven by demand: it varies, follows the day (Azure LLM inference traces; ServeGen),
+    and idles between bursts, but the bursts come at every hour of the day, for days. The
+    footprint is pre-allocated (vLLM takes 0.90 of memory, TensorRT-LLM 0.9) or grows with the KV
+    cache. Low traffic is still inference: Alibaba's production Stable-Diffusion pods read 0% in
+    half of their minutes (p90 25%) with 16-30 GiB resident, all day long.
+``batch``
+    A bounded run at steady saturation (offline inference, scoring), often in a nightly window
+    that recurs; no collectives between GPUs (data-parallel replicas do not all-reduce).
+``interactive``
+    Memory held with sessions of activity separated by long gaps (a notebook idles for hours,
+    through the night).
+``idle``
+    Nothing held the GPU.
 
-Thresholds were tuned on the ``demo`` and focused scenarios and are checked on held-out scenarios
-with other seeds and parameters in ``bench/classify.py``.
+Principles: lockstep is not training (tensor-parallel inference replicas and data-parallel
+batch move together too: lockstep says "one workload on many GPUs", the class comes from how the
+load behaves, and the group is then classified as one); absent is not zero (a feature is used
+only when its inputs exist: a power-only capture is judged from power, a GPU at 500 W is working
+whatever else is missing); confidence is evidence (under ``min_evidence_seconds`` or
+``min_evidence_samples`` it is at most 0.5, and a verdict resting on fewer signals is less sure);
+process names are a hint with a weight, never the basis.
 """
 
 from __future__ import annotations
@@ -27,12 +42,13 @@ from dataclasses import dataclass, field
 
 from agent.schema import GpuClass
 from analyzer.load import Bucket, FleetData, GpuInfo
+from analyzer.reference import PowerRef, held, references
+from analyzer.thresholds import Thresholds
 
 CLASSES = tuple(GpuClass)
-OCCUPIED_MEMORY_RATIO = 0.02
-ACTIVE_UTIL = 0.05
-MEMORY_JUMP_RATIO = 0.25
+#: A blip shorter than this many buckets belongs to its neighbour.
 MIN_SEGMENT_BUCKETS = 3
+#: The share of the window a class must hold to name the GPU (so a blip does not).
 HELD_FLOOR_RATIO = 0.01
 
 HINTS: dict[str, tuple[str, ...]] = {
@@ -87,15 +103,58 @@ def class_at(verdict: GpuVerdict, t: float) -> str:
     return next((s.gpu_class for s in verdict.segments if s.start <= t < s.end), "idle")
 
 
+@dataclass(frozen=True, slots=True)
+class Features:
+    """What one span of a GPU looks like. ``None`` where the inputs were not reported."""
+
+    hours: float
+    samples: int
+    #: Where "load" comes from: ``utilization``, ``power`` (share of the dynamic range), or
+    #: ``none`` (memory only).
+    load_source: str
+    load_median: float | None = None
+    load_p90: float | None = None
+    load_std: float | None = None
+    #: Share of intervals with any compute, and with hard compute.
+    active: float | None = None
+    busy: float | None = None
+    memory_ratio: float | None = None  # median memory / the device's size
+    memory_gib: float | None = None
+    memory_cv: float | None = None
+    memory_util_r: float | None = None
+    power_ratio: float | None = None  # median power / limit
+    #: Share of busy intervals (utilization high) at low power: ranks waiting in collectives.
+    busy_low_power: float | None = None
+    nvlink_gbps: float | None = None
+    diurnal: float | None = None  # R² of an hour-of-day profile of the load
+    #: How much the load's hourly means vary (their coefficient of variation): demand drifts
+    #: over hours; a starved job's flicker averages out within the hour.
+    hourly_cv: float | None = None
+    cycle_minutes: float | None = None
+    cycle_r: float | None = None
+    #: Activity around the clock: the share of the 24 hours of the day with compute (spans of a
+    #: day or more), and the longest stretch without compute inside the span.
+    hours_active: float | None = None
+    longest_gap_hours: float | None = None
+    #: No idle gap longer than randomly arriving requests would leave (see ``_gaps``).
+    gaps_by_chance: bool = False
+    sessions: int = 0
+    night: float = 0.0
+    recurring: int = 0
+    #: Idle (or another workload) before and after, within the window: a bounded run.
+    bounded: bool = False
+
+
 @dataclass(slots=True)
 class _Span:
-    """A run of buckets with one behaviour, and the features the classifier reads."""
+    """A run of buckets with one behaviour."""
 
     gpu: GpuInfo
+    ref: PowerRef
     buckets: list[Bucket]
     occupied: bool
-    features: dict[str, float] = field(default_factory=dict)
-    peers: int = 0
+    features: Features = field(default_factory=lambda: Features(0.0, 0, "none"))
+    peers: list[_Span] = field(default_factory=list)
     peer_r: float = 0.0
 
     @property
@@ -107,64 +166,86 @@ class _Span:
         return self.buckets[-1].start
 
 
-def classify(data: FleetData) -> list[GpuVerdict]:
+def classify(data: FleetData, thresholds: Thresholds | None = None) -> list[GpuVerdict]:
     """A verdict per GPU: its overall class, confidence, evidence and segments."""
+    th = thresholds or Thresholds()
+    refs = references(data, th)
     spans: dict[str, list[_Span]] = {}
     for gpu in data.gpus:
         buckets = list(data.buckets.get(gpu.uuid, ()))
-        spans[gpu.uuid] = _segment(gpu, buckets, _memory_reference(gpu, buckets))
-    all_spans = [s for group in spans.values() for s in group]
-    for span in all_spans:
-        span.features = _features(span, data.bucket_seconds)
-    _cross_gpu(all_spans)
+        spans[gpu.uuid] = _segment(gpu, refs[gpu.uuid], buckets, th)
     _recurrence(spans)
-    verdicts = []
-    for gpu in data.gpus:
-        segments = [
-            _classify_span(s, data.hints.get(gpu.uuid, ()), data.bucket_seconds)
-            for s in spans[gpu.uuid]
-        ]
-        verdicts.append(_overall(gpu, segments))
-    return verdicts
+    for group in spans.values():
+        for span in group:
+            span.features = _features(span, data, th, span.features.recurring)
+    _cross_gpu([s for group in spans.values() for s in group])
+    decided: dict[int, tuple[str, float, list[str]]] = {}
+    for group in spans.values():
+        for s in group:
+            if s.occupied:
+                decided[id(s)] = _decide(s, data.hints.get(s.gpu.uuid, ()), th)
+    _agree_in_lockstep(spans, decided)
+    return [
+        _overall(gpu, [_segment_of(s, decided, data, th) for s in spans[gpu.uuid]])
+        for gpu in data.gpus
+    ]
 
 
 # -- segmentation ---------------------------------------------------------------------------------
 
 
-def _memory_reference(gpu: GpuInfo, buckets: list[Bucket]) -> float:
-    if gpu.memory_total_bytes:
-        return float(gpu.memory_total_bytes)
-    observed = [b.memory_max_bytes for b in buckets if b.memory_max_bytes]
-    return max(observed) / 0.9 if observed else 1.0
+def _load(b: Bucket, ref: PowerRef) -> float | None:
+    """Utilization where reported, else power as a share of the dynamic range."""
+    return b.util if b.util is not None else ref.load(b.power_watts)
 
 
-def _occupied(b: Bucket, total: float) -> bool:
-    memory = (b.memory_bytes or 0.0) / total
-    return memory > OCCUPIED_MEMORY_RATIO or (b.util_max or 0.0) > ACTIVE_UTIL
+def _active(b: Bucket, ref: PowerRef, th: Thresholds) -> bool | None:
+    if b.util_max is not None:
+        return b.util_max > th.idle_util_ratio
+    load = ref.load(b.power_watts)
+    return None if load is None else load > 2 * th.idle_util_ratio
 
 
-def _segment(gpu: GpuInfo, buckets: list[Bucket], total: float) -> list[_Span]:
+def _occupied(b: Bucket, ref: PowerRef, th: Thresholds) -> bool:
+    return held(b, ref.memory_total_bytes, th) or bool(_active(b, ref, th))
+
+
+def _segment(gpu: GpuInfo, ref: PowerRef, buckets: list[Bucket], th: Thresholds) -> list[_Span]:
     """Split where the GPU becomes held or free, or its memory jumps to a new plateau."""
     spans: list[_Span] = []
+    total = ref.memory_total_bytes
     for i, b in enumerate(buckets):
-        occupied = _occupied(b, total)
+        occupied = _occupied(b, ref, th)
         jump = False
-        if spans and occupied and spans[-1].occupied and i + 2 < len(buckets):
+        if spans and occupied and spans[-1].occupied and total and i + 2 < len(buckets):
             prev = (buckets[i - 1].memory_bytes or 0.0) / total
             now = (b.memory_bytes or 0.0) / total
             after = [(buckets[j].memory_bytes or 0.0) / total for j in (i + 1, i + 2)]
-            jump = abs(now - prev) > MEMORY_JUMP_RATIO and all(abs(a - now) < 0.1 for a in after)
+            jump = abs(now - prev) > 0.25 and all(abs(a - now) < 0.1 for a in after)
         if not spans or spans[-1].occupied != occupied or jump:
-            spans.append(_Span(gpu, [b], occupied))
+            spans.append(_Span(gpu, ref, [b], occupied))
         else:
             spans[-1].buckets.append(b)
     merged: list[_Span] = []
+    pause = max(int(th.session_gap_seconds // max(_step(buckets), 1)), MIN_SEGMENT_BUCKETS)
     for span in spans:  # short blips belong to their neighbour
-        if merged and len(span.buckets) < MIN_SEGMENT_BUCKETS:
+        blip = len(span.buckets) < MIN_SEGMENT_BUCKETS
+        # Without memory, "held" cannot be seen: a pause between bursts shorter than a session
+        # gap is part of the workload, not a free GPU (absent is not zero).
+        unseen = not span.occupied and len(span.buckets) < pause and _no_memory(span.buckets)
+        if merged and (blip or unseen or merged[-1].occupied == span.occupied):
             merged[-1].buckets.extend(span.buckets)
         else:
             merged.append(span)
     return merged
+
+
+def _step(buckets: list[Bucket]) -> float:
+    return buckets[1].start - buckets[0].start if len(buckets) > 1 else 1.0
+
+
+def _no_memory(buckets: list[Bucket]) -> bool:
+    return all(b.memory_bytes is None for b in buckets)
 
 
 # -- features -------------------------------------------------------------------------------------
@@ -175,55 +256,114 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-def _features(span: _Span, bucket_seconds: int) -> dict[str, float]:
-    b = span.buckets
-    util = [x.util for x in b if x.util is not None]
-    total = _memory_reference(span.gpu, b)
-    memory = [(x.memory_bytes or 0.0) / total for x in b]
-    f: dict[str, float] = {"hours": len(b) * bucket_seconds / 3600.0}
-    if util:
+def _features(span: _Span, data: FleetData, th: Thresholds, recurring: int) -> Features:
+    b, ref, step = span.buckets, span.ref, data.bucket_seconds
+    hours = len(b) * step / 3600.0
+    samples = sum(x.samples for x in b)
+    util_known = any(x.util is not None for x in b)
+    source = "utilization" if util_known else "power" if ref.limit_watts else "none"
+    loads = [v for x in b if (v := _load(x, ref)) is not None]
+    active = [a for x in b if (a := _active(x, ref, th)) is not None]
+    busy_at = th.busy_util_ratio if source == "utilization" else th.busy_power_ratio
+    f: dict[str, object] = {"hours": hours, "samples": samples, "load_source": source}
+    if loads and source != "none":
         f |= {
-            "util_median": statistics.median(util),
-            "util_mean": statistics.fmean(util),
-            "util_p10": _q(util, 0.1),
-            "util_p90": _q(util, 0.9),
-            "util_std": statistics.pstdev(util),
-            "active": sum(1 for x in b if (x.util_max or 0.0) > ACTIVE_UTIL) / len(b),
-            "busy": sum(1 for u in util if u > 0.6) / len(util),
+            "load_median": statistics.median(loads),
+            "load_p90": _q(loads, 0.9),
+            "load_std": statistics.pstdev(loads),
+            "busy": sum(1 for v in loads if v >= busy_at) / len(loads),
         }
-    f["memory_median"] = statistics.median(memory)
-    f["memory_cv"] = statistics.pstdev(memory) / max(statistics.fmean(memory), 1e-9)
-    if util and len(util) == len(memory) and len(util) > 10:
-        f["memory_util_r"] = _pearson(util, memory)
+    if active:
+        f["active"] = sum(active) / len(active)
+        f |= _gaps(b, ref, th, step)
+    f |= _memory(b, ref, loads)
+    f |= _power(b, ref, th)
+    if loads and hours >= 30:
+        f["diurnal"] = _diurnal(b, ref)
+    if loads and hours >= 6:
+        f["hourly_cv"] = _hourly_cv(b, ref)
+    found = cycle(b, step)
+    if found is not None:
+        f["cycle_minutes"], f["cycle_r"] = found
+    f["night"] = sum(1 for x in b if _hour(x.start) >= 20.0 or _hour(x.start) < 8.0) / len(b)
+    f["recurring"] = recurring
+    f["bounded"] = span.start > data.window_start + step and span.end + 2 * step < data.window_end
+    return Features(**f)  # type: ignore[arg-type]
+
+
+def _gaps(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str, object]:
+    """Idle stretches inside the span, sessions of activity, and activity by hour of day."""
+    longest, run, sessions, hours = 0, 0, 0, set()
+    gap_buckets = max(int(th.session_gap_seconds // step), 1)
+    for x in b:
+        if _active(x, ref, th):
+            if run >= gap_buckets or sessions == 0:
+                sessions += 1
+            run = 0
+            hours.add(int(_hour(x.start)))
+        else:
+            run += 1
+            longest = max(longest, run)
+    out: dict[str, object] = {
+        "longest_gap_hours": longest * step / 3600.0,
+        "sessions": sessions,
+    }
+    # Requests that arrive at random leave gaps no longer than chance makes them: with compute in
+    # a share ``a`` of n intervals, the longest run without is about ln(n) / -ln(1 - a). A
+    # notebook's gaps (nights, meetings) are much longer than that.
+    a = min(max(sum(1 for x in b if _active(x, ref, th)) / len(b), 0.01), 0.99)
+    expected = math.log(max(len(b), 2)) / -math.log(1.0 - a)
+    out["gaps_by_chance"] = longest <= max(2.0 * expected, th.serving_max_gap_seconds / step)
+    if len(b) * step >= 86400 * 0.9:
+        out["hours_active"] = len(hours) / 24.0
+    return out
+
+
+def _memory(b: list[Bucket], ref: PowerRef, loads: list[float]) -> dict[str, object]:
+    memory = [x.memory_bytes for x in b if x.memory_bytes is not None]
+    if not memory:
+        return {}
+    mean = statistics.fmean(memory)
+    out: dict[str, object] = {
+        "memory_gib": statistics.median(memory) / (1 << 30),
+        "memory_cv": statistics.pstdev(memory) / max(mean, 1.0),
+    }
+    if ref.memory_total_bytes:
+        out["memory_ratio"] = statistics.median(memory) / ref.memory_total_bytes
+    pairs = [(v, x.memory_bytes) for x in b if (v := _load(x, ref)) is not None and x.memory_bytes]
+    if len(pairs) > 10 and len(pairs) == len(loads):
+        out["memory_util_r"] = pearson([p[0] for p in pairs], [p[1] for p in pairs])
+    return out
+
+
+def _power(b: list[Bucket], ref: PowerRef, th: Thresholds) -> dict[str, object]:
     power = [x.power_watts for x in b if x.power_watts is not None]
-    limit = span.gpu.power_limit_watts or (max(power) if power else None)
-    if power and limit:
-        ratios = [p / limit for p in power]
-        f["power_median"] = statistics.median(ratios)
-        f["power_of_limit"] = 1.0 if span.gpu.power_limit_watts else 0.0
-        # Busy at low power: buckets where kernels "run" but the GPU draws little (collectives).
-        pairs = [
-            (x.util, x.power_watts / limit)
-            for x in b
-            if x.util is not None and x.power_watts is not None
-        ]
-        high = [p for u, p in pairs if u >= 0.85]
-        if high:
-            med = statistics.median(high)
-            f["busy_low_power"] = sum(1 for p in high if p < 0.7 * med) / len(high)
-    sm = [x.sm_active for x in b if x.sm_active is not None]
-    if sm and util:
-        f["sm_mean"] = statistics.fmean(sm)
+    if not power or not ref.limit_watts:
+        return {}
+    limit = ref.limit_watts
+    out: dict[str, object] = {"power_ratio": statistics.median(power) / limit}
+    pairs = [
+        (x.util, x.power_watts / limit)
+        for x in b
+        if x.util is not None and x.power_watts is not None
+    ]
+    busy = [(u, p) for u, p in pairs if u >= th.busy_util_ratio]
+    if len(busy) >= 3:
+        # Kernels "running" (NCCL's count as utilization) while the board draws little. "Little"
+        # against the job's own busiest level, and against the GPU's physical range: ranks that
+        # wait all the time have no fed intervals to compare with.
+        med = (
+            statistics.median(p for u, p in busy if u >= th.collective_util_ratio)
+            if any(u >= th.collective_util_ratio for u, _ in busy)
+            else statistics.median(p for _, p in busy)
+        )
+        floor = (ref.idle_watts + th.fed_power_floor_ratio * (limit - ref.idle_watts)) / limit
+        low = [p for _, p in busy if p < 0.7 * med or p < floor]
+        out["busy_low_power"] = len(low) / len(busy)
     nvlink = [x.nvlink_bytes_per_second for x in b if x.nvlink_bytes_per_second is not None]
     if nvlink:
-        f["nvlink_gbps"] = statistics.fmean(nvlink) / 1e9
-    if util and f["hours"] >= 30:
-        f["diurnal"] = _diurnal(b)
-    cycle_found = cycle(b, bucket_seconds)
-    if cycle_found is not None:
-        f["cycle_minutes"], f["cycle_r"] = cycle_found
-    f["night"] = sum(1 for x in b if _hour(x.start) >= 20.0 or _hour(x.start) < 8.0) / len(b)
-    return f
+        out["nvlink_gbps"] = statistics.fmean(nvlink) / 1e9
+    return out
 
 
 def cycle(buckets: list[Bucket], bucket_seconds: int) -> tuple[float, float] | None:
@@ -259,22 +399,33 @@ def cycle(buckets: list[Bucket], bucket_seconds: int) -> tuple[float, float] | N
     return best * bucket_seconds / 60.0, r[best]
 
 
-def _diurnal(buckets: list[Bucket]) -> float:
-    """How much of the utilization's variance an hour-of-day profile explains (0..1)."""
+def _diurnal(buckets: list[Bucket], ref: PowerRef) -> float:
+    """How much of the load's variance an hour-of-day profile explains (0..1)."""
     by_hour: dict[int, list[float]] = {}
-    for x in buckets:
-        if x.util is not None:
-            by_hour.setdefault(int((x.start % 86400) // 3600), []).append(x.util)
+    pairs = [(x.start, v) for x in buckets if (v := _load(x, ref)) is not None]
+    for t, v in pairs:
+        by_hour.setdefault(int((t % 86400) // 3600), []).append(v)
     if len(by_hour) < 20:
         return 0.0
     means = {h: statistics.fmean(v) for h, v in by_hour.items()}
-    fitted = [means[int((x.start % 86400) // 3600)] for x in buckets if x.util is not None]
-    actual = [x.util for x in buckets if x.util is not None]
-    r = _pearson(actual, fitted)
+    fitted = [means[int((t % 86400) // 3600)] for t, _ in pairs]
+    r = pearson([v for _, v in pairs], fitted)
     return max(r, 0.0) ** 2
 
 
-def _pearson(xs: list[float], ys: list[float]) -> float:
+def _hourly_cv(buckets: list[Bucket], ref: PowerRef) -> float:
+    by_hour: dict[int, list[float]] = {}
+    for x in buckets:
+        if (v := _load(x, ref)) is not None:
+            by_hour.setdefault(int(x.start // 3600), []).append(v)
+    means = [statistics.fmean(v) for v in by_hour.values() if len(v) >= 3]
+    if len(means) < 4 or statistics.fmean(means) <= 1e-9:
+        return 0.0
+    return statistics.pstdev(means) / statistics.fmean(means)
+
+
+def pearson(xs: list[float], ys: list[float]) -> float:
+    """Pearson's r; 0 when either series is flat or too short."""
     if len(xs) < 3:
         return 0.0
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
@@ -286,20 +437,33 @@ def _pearson(xs: list[float], ys: list[float]) -> float:
 
 
 def _cross_gpu(spans: list[_Span]) -> None:
-    """GPUs whose held spans start together and share a footprint move as one job; count them
-    and measure how closely they move (power, else utilization)."""
-    held = [s for s in spans if s.occupied and len(s.buckets) >= 24]
-    for s in held:
-        series = _series(s)
-        peers = []
-        for o in held:
-            if o is s or abs(o.start - s.start) > 1200 or abs(o.end - s.end) > 3600:
+    """GPUs whose held spans start together and share a footprint move as one workload: find
+    each span's peers (power, else utilization, correlated). Spans are compared only with those
+    that start within 20 minutes of them (sorted by start), not with the whole fleet."""
+    held_spans = sorted(
+        (s for s in spans if s.occupied and len(s.buckets) >= 12), key=lambda s: s.start
+    )
+    series = {id(s): _series(s) for s in held_spans}
+    for i, s in enumerate(held_spans):
+        for o in held_spans[i + 1 :]:
+            if o.start - s.start > 1200:
+                break
+            if abs(o.end - s.end) > 3600 or not _same_footprint(s, o):
                 continue
-            if abs(o.features["memory_median"] - s.features["memory_median"]) > 0.1:
-                continue
-            peers.append(_aligned_r(series, _series(o)))
-        s.peers = sum(1 for r in peers if r >= 0.5)
-        s.peer_r = max(peers, default=0.0)
+            r = _aligned_r(series[id(s)], series[id(o)])
+            if r >= 0.5:
+                s.peers.append(o)
+                o.peers.append(s)
+                s.peer_r, o.peer_r = max(s.peer_r, r), max(o.peer_r, r)
+
+
+def _same_footprint(a: _Span, b: _Span) -> bool:
+    fa, fb = a.features, b.features
+    if fa.memory_ratio is not None and fb.memory_ratio is not None:
+        return abs(fa.memory_ratio - fb.memory_ratio) <= 0.1
+    if fa.memory_gib is not None and fb.memory_gib is not None:
+        return abs(fa.memory_gib - fb.memory_gib) <= 0.1 * max(fa.memory_gib, fb.memory_gib, 1.0)
+    return True
 
 
 def _series(span: _Span) -> dict[float, float]:
@@ -311,7 +475,7 @@ def _aligned_r(a: dict[float, float], b: dict[float, float]) -> float:
     keys = sorted(set(a) & set(b))
     if len(keys) < 12:
         return 0.0
-    return _pearson([a[k] for k in keys], [b[k] for k in keys])
+    return pearson([a[k] for k in keys], [b[k] for k in keys])
 
 
 def _recurrence(spans: dict[str, list[_Span]]) -> None:
@@ -321,11 +485,10 @@ def _recurrence(spans: dict[str, list[_Span]]) -> None:
         if not group:
             continue
         first, last = group[0].start, group[-1].end
-        held = [s for s in group if s.occupied]
-        for s in held:
-            s.features["recurring"] = float(
-                sum(1 for o in held if o is not s and _same_window(s, o, first, last))
-            )
+        held_spans = [s for s in group if s.occupied]
+        for s in held_spans:
+            count = sum(1 for o in held_spans if o is not s and _same_window(s, o, first, last))
+            s.features = Features(0.0, 0, "none", recurring=count)
 
 
 def _hour(ts: float) -> float:
@@ -343,11 +506,29 @@ def _same_window(s: _Span, o: _Span, first: float, last: float) -> bool:
         return (s.start > first and o.start > first and _close(_hour(s.start), _hour(o.start))) or (
             s.end < last and o.end < last and _close(_hour(s.end), _hour(o.end))
         )
-    same_length = abs(o.features["hours"] - s.features["hours"]) <= 0.35 * s.features["hours"]
-    return same_length and _close(_hour(s.start), _hour(o.start))
+    ls, lo = len(s.buckets), len(o.buckets)
+    return abs(ls - lo) <= 0.35 * ls and _close(_hour(s.start), _hour(o.start))
 
 
 # -- the decision ---------------------------------------------------------------------------------
+
+Scores = dict[str, float]
+Evidence = dict[str, list[str]]
+
+
+def _decide(span: _Span, hints: tuple[str, ...], th: Thresholds) -> tuple[str, float, list[str]]:
+    """The span's class, the margin over the runner-up (in points), and the evidence."""
+    scores: Scores = dict.fromkeys(CLASSES[:-1], 0.0)
+    ev: Evidence = {k: [] for k in scores}
+    for rule in (_saturation, _training, _demand, _low_traffic, _sessions, _bounded):
+        rule(span.features, th, scores, ev)
+    hint = _hinted(hints)
+    if hint:
+        scores[hint] += 0.35
+        ev[hint].append(f"process metadata suggests {hint} ({_hint_word(hints, hint)})")
+    best = max(scores, key=lambda k: (scores[k], k == "inference"))
+    ranked = sorted(scores.values(), reverse=True)
+    return best, ranked[0] - ranked[1], ev[best]
 
 
 def _hinted(hints: tuple[str, ...]) -> str | None:
@@ -356,123 +537,280 @@ def _hinted(hints: tuple[str, ...]) -> str | None:
     return votes.most_common(1)[0][0] if votes else None
 
 
-def _classify_span(span: _Span, hints: tuple[str, ...], bucket_seconds: int) -> Segment:
-    end = span.end + bucket_seconds
-    f = span.features
-    if not span.occupied:
-        return Segment(span.start, end, "idle", 0.95, ("no memory held and no kernels ran",))
-    scores, evidence = _scores(span)
-    hint = _hinted(hints)
-    if hint:
-        scores[hint] += 0.35
-    best = max(scores, key=lambda k: scores[k])
-    ranked = sorted(scores.values(), reverse=True)
-    margin = ranked[0] - (ranked[1] if len(ranked) > 1 else 0.0)
-    confidence = round(min(0.55 + margin * 0.5, 0.98), 2)
-    words = [*evidence.get(best, []), _describe(f)]
-    if hint:
-        words.append(f"process metadata suggests {hint} ({_hint_word(hints, hint)})")
-    return Segment(span.start, end, best, confidence, tuple(w for w in words if w))
-
-
 def _hint_word(hints: tuple[str, ...], cls: str) -> str:
     text = " ".join(hints).lower()
     return next((w for w in HINTS[cls] if w in text), cls)
 
 
-def _describe(f: dict[str, float]) -> str:
-    parts = [f"{f['hours']:.1f} h held", f"memory {f['memory_median']:.0%} of the device"]
-    if "util_median" in f:
-        parts.append(f"utilization median {f['util_median']:.0%} (p90 {f['util_p90']:.0%})")
-    if "power_median" in f:
-        of = "limit" if f.get("power_of_limit") else "its observed maximum"
-        parts.append(f"power {f['power_median']:.0%} of {of}")
-    return ", ".join(parts)
+def _saturated(f: Features, th: Thresholds) -> bool:
+    at = th.saturated_load_ratio if f.load_source == "utilization" else th.busy_power_ratio
+    return (f.load_median or 0.0) >= at and (f.busy or 0.0) >= th.saturated_busy_ratio
 
 
-def _scores(span: _Span) -> tuple[dict[str, float], dict[str, list[str]]]:
-    """Points per class from each signal; the evidence sentences that earned them."""
-    s: dict[str, float] = dict.fromkeys(CLASSES[:-1], 0.0)
-    ev: dict[str, list[str]] = {k: [] for k in s}
-    for rule in (_held_without_compute, _serving, _busy, _lockstep, _windows):
-        rule(span, s, ev)
-    return s, ev
+def _collective_waits(f: Features, th: Thresholds) -> float:
+    """The share of busy intervals at low power, on a GPU that is mostly busy (a server's
+    occasional request at low power is not a rank waiting in a collective)."""
+    return (f.busy_low_power or 0.0) if (f.busy or 0.0) >= 0.5 else 0.0
 
 
-def _held_without_compute(span: _Span, s: dict[str, float], ev: dict[str, list[str]]) -> None:
-    f = span.features
-    active = f.get("active", 0.0)
-    if f.get("util_median", 0.0) < 0.05 and f.get("util_p90", 0.0) < 0.2 and active < 0.35:
-        s["interactive"] += 1.0
-        ev["interactive"].append(
-            f"memory held with compute in only {active:.0%} of intervals (no steady load)"
-        )
+def _demand_driven(f: Features) -> bool:
+    return (
+        (f.diurnal or 0.0) >= 0.25
+        or (f.hourly_cv or 0.0) >= 0.15
+        or ((f.memory_util_r or 0.0) >= 0.6 and (f.memory_cv or 0.0) > 0.05)
+    )
 
 
-def _serving(span: _Span, s: dict[str, float], ev: dict[str, list[str]]) -> None:
-    f = span.features
-    med, active, std = f.get("util_median", 0.0), f.get("active", 0.0), f.get("util_std", 0.0)
-    if active >= 0.35 and med < 0.75:
-        s["inference"] += 0.5
-        ev["inference"].append(f"active in {active:.0%} of intervals at varying load")
-    if f.get("diurnal", 0.0) >= 0.25:
-        s["inference"] += 0.7
-        ev["inference"].append(f"load follows a daily cycle (R²={f['diurnal']:.2f})")
-    if std >= 0.08 and 0.05 <= med < 0.85:
-        s["inference"] += 0.3
-    if f.get("memory_util_r", 0.0) >= 0.6 and f.get("memory_cv", 0.0) > 0.05:
-        s["inference"] += 0.6
-        ev["inference"].append(f"memory moves with load (r={f['memory_util_r']:.2f}, a KV cache)")
-    if abs(f["memory_median"] - 0.9) <= 0.03 and f.get("memory_cv", 1.0) < 0.02:
-        s["inference"] += 0.25
-        ev["inference"].append("memory pre-allocated at 0.90 of the device")
+def _saturation(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
+    """Sustained hard compute: training or batch (the load says which, below)."""
+    if not _saturated(f, th):
+        return
+    what = f"busy {f.busy:.0%} of the time ({f.load_source})"
+    for cls in ("training", "batch"):
+        s[cls] += 0.6
+        ev[cls].append(what)
 
 
-def _busy(span: _Span, s: dict[str, float], ev: dict[str, list[str]]) -> None:
-    f = span.features
-    med, std = f.get("util_median", 0.0), f.get("util_std", 0.0)
-    if med >= 0.75 and f.get("busy", 0.0) >= 0.7:
-        for cls in ("training", "batch"):
-            s[cls] += 0.6
-            ev[cls].append(f"busy {f['busy']:.0%} of the time")
-    elif 0.2 <= med < 0.75 and std < 0.08 and f.get("memory_cv", 1.0) < 0.05:
-        s["training"] += 0.55  # flat, mid utilization on a fixed footprint: a starved job
-        ev["training"].append(f"steady {med:.0%} utilization on a fixed footprint")
-    low = f.get("busy_low_power", 0.0)
+def _training(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
+    """What only a training job does: collectives every step, periodic checkpoint/eval dips,
+    steady saturation for a day or more without a daily cycle."""
+    low = _collective_waits(f, th)
     if low >= 0.03:
         s["training"] += 0.45
         ev["training"].append(
             f"{low:.0%} of busy intervals at low power (ranks waiting in collectives)"
         )
-    if "cycle_minutes" in f and med >= 0.5:
-        s["training"] += 0.3
+    if f.cycle_minutes is not None and (f.load_median or 0.0) >= 0.4 and not _demand_driven(f):
+        s["training"] += 0.35
         ev["training"].append(
-            f"a {f['cycle_minutes']:.0f}-min cycle of dips (checkpoints or evaluation, "
-            f"r={f['cycle_r']:.2f})"
+            f"a {f.cycle_minutes:.0f}-min cycle of dips (checkpoints or evaluation, "
+            f"r={f.cycle_r or 0.0:.2f})"
         )
-    if f.get("nvlink_gbps", 0.0) >= 5.0 and med >= 0.5:
-        s["training"] += 0.2
-        ev["training"].append(f"NVLink {f['nvlink_gbps']:.0f} GB/s (all-reduce traffic)")
+    if f.hours >= 18 and _saturated(f, th) and not _demand_driven(f):
+        s["training"] += 0.45
+        ev["training"].append(f"saturated for {f.hours:.0f} h with no daily cycle")
+    steady_mid = (
+        f.load_source == "utilization"
+        and 0.2 <= (f.load_median or 0.0) < th.saturated_load_ratio
+        and _below(f.load_std, 0.08)
+        and _below(f.memory_cv, 0.05)
+        and (f.longest_gap_hours or 0.0) < 0.5
+    )
+    if steady_mid:  # flat, mid utilization on a fixed footprint, never idle: a starved job
+        s["training"] += 0.55
+        ev["training"].append(f"steady {f.load_median:.0%} utilization on a fixed footprint")
+    never_idle = (
+        (f.active or 0.0) >= 0.95
+        and f.hours >= 6
+        and (f.load_median or 0.0) >= 0.2
+        and not _demand_driven(f)
+        and not _saturated(f, th)
+    )
+    if never_idle:  # work is always queued (a server idles between requests)
+        s["training"] += 0.4
+        s["batch"] += 0.2
+        ev["training"].append(
+            f"computing in {f.active:.0%} of intervals for {f.hours:.0f} h with no daily cycle "
+            "(work always queued)"
+        )
 
 
-def _lockstep(span: _Span, s: dict[str, float], ev: dict[str, list[str]]) -> None:
-    if span.peers >= 1:
-        s["training"] += 0.35 + 0.05 * min(span.peers, 7)
-        ev["training"].insert(0, f"{span.peers + 1} GPUs in lockstep (r={span.peer_r:.2f})")
+def _demand(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
+    """Load that follows demand: it varies, follows the day, or moves memory with it."""
+    med, active, std = f.load_median or 0.0, f.active or 0.0, f.load_std or 0.0
+    if 0.35 <= active < 0.95 and 0.02 <= med < th.saturated_load_ratio and std >= 0.05:
+        s["inference"] += 0.5
+        ev["inference"].append(
+            f"active in {active:.0%} of intervals at varying load, idle between bursts"
+        )
+    if (f.diurnal or 0.0) >= 0.25:
+        s["inference"] += 0.7
+        ev["inference"].append(f"load follows a daily cycle (R²={f.diurnal:.2f})")
+    elif (f.hourly_cv or 0.0) >= 0.15 and 0.05 <= med < th.saturated_load_ratio:
+        s["inference"] += 0.5
+        ev["inference"].append(
+            f"load drifts from hour to hour (hourly means vary {f.hourly_cv:.0%}), as demand does"
+        )
+    if (f.memory_util_r or 0.0) >= 0.6 and (f.memory_cv or 0.0) > 0.05 and f.hours >= 1:
+        s["inference"] += 0.6
+        ev["inference"].append(f"memory moves with load (r={f.memory_util_r:.2f}, a KV cache)")
+    if _preallocated(f) and (f.active or 0.0) > 0.0:
+        s["inference"] += 0.25
+        ev["inference"].append(
+            f"memory pre-allocated at {f.memory_ratio or 0.0:.2f} of the device (an inference "
+            "server's reservation)"
+        )
 
 
-def _windows(span: _Span, s: dict[str, float], ev: dict[str, list[str]]) -> None:
-    f = span.features
-    hours, med = f["hours"], f.get("util_median", 0.0)
-    if f.get("recurring", 0.0) >= 1 and hours <= 14:
+def _low_traffic(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
+    """A server with few requests: short bursts at every hour of the day, for days, on a stable
+    footprint; never a long gap."""
+    light = (f.load_median or 0.0) < 0.3
+    if _around_the_clock(f, th) and light:
+        s["inference"] += 0.9
+        ev["inference"].append(
+            f"compute in {f.hours_active:.0%} of the hours of the day, idle gaps no longer than "
+            f"random requests leave (longest {f.longest_gap_hours:.1f} h): requests around the "
+            "clock"
+        )
+    elif (
+        f.hours_active is None
+        and f.hours >= 2
+        and f.gaps_by_chance
+        and f.sessions >= 1
+        and light
+        and (f.active or 0.0) < 0.95
+    ):
+        s["inference"] += 0.6
+        ev["inference"].append(
+            f"bursts of compute at random over {f.hours:.0f} h, no pause longer than random "
+            f"requests leave (longest {f.longest_gap_hours:.1f} h)"
+        )
+    elif (f.active or 0.0) == 0.0 and _preallocated(f):
+        s["inference"] += 0.6  # a pre-allocated server that never got a request
+        ev["inference"].append(
+            f"memory pre-allocated at {f.memory_ratio or 0.0:.2f} of the device for "
+            f"{f.hours:.0f} h with no compute (a server without traffic)"
+        )
+
+
+def _below(value: float | None, limit: float) -> bool:
+    """``value < limit``, false when not reported (absent is not zero)."""
+    return value is not None and value < limit
+
+
+def _preallocated(f: Features) -> bool:
+    """The footprint of an inference server that reserves memory up front (vLLM's
+    ``--gpu-memory-utilization`` defaults to 0.90; TensorRT-LLM's KV cache takes 0.9 of what
+    is free): flat at 0.88-0.95 of the device."""
+    return (
+        f.memory_ratio is not None and 0.88 <= f.memory_ratio <= 0.95 and _below(f.memory_cv, 0.02)
+    )
+
+
+def _around_the_clock(f: Features, th: Thresholds) -> bool:
+    spread = f.hours_active is not None and f.hours_active >= th.serving_hours_ratio
+    return spread and f.gaps_by_chance
+
+
+def _sessions(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
+    """Memory held with sporadic compute: sessions separated by long gaps (a notebook)."""
+    med, p90, active = f.load_median or 0.0, f.load_p90 or 0.0, f.active or 0.0
+    light = med < 0.05 and p90 < 0.3 and active < 0.5 and not _around_the_clock(f, th)
+    long_gaps = (f.longest_gap_hours or 0.0) * 3600 >= th.session_gap_seconds
+    if light and long_gaps and f.sessions >= 1:
+        s["interactive"] += 1.0
+        ev["interactive"].append(
+            f"{f.sessions} session{'s' if f.sessions != 1 else ''} of compute separated by idle "
+            f"gaps of up to {f.longest_gap_hours:.1f} h (compute in {active:.0%} of intervals)"
+        )
+    elif light and f.hours < 24 and not (f.gaps_by_chance and f.sessions >= 1):
+        s["interactive"] += 0.5
+        ev["interactive"].append(f"memory held with compute in only {active:.0%} of intervals")
+    elif f.sessions == 0 and not _preallocated(f):
+        s["interactive"] += 0.5
+        ev["interactive"].append("memory held with no compute at all (a session left open)")
+
+
+def _bounded(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
+    """A run that starts and ends inside the window at steady saturation is batch, unless it
+    shows what only training does (collectives, checkpoint cycles)."""
+    if f.recurring >= 1 and f.hours <= 14:
         s["batch"] += 0.9
-        ev["batch"].insert(0, f"a {hours:.0f} h window that recurs daily")
-    elif hours <= 12 and f.get("night", 0.0) >= 0.7 and med >= 0.6 and span.peers == 0:
-        s["batch"] += 0.5  # a lone night-time run; ranks in lockstep are a training job
-        ev["batch"].insert(0, f"a {hours:.0f} h night-time run")
-    if hours >= 18 and med >= 0.6:
-        s["training"] += 0.3
-        ev["training"].append(f"sustained for {hours:.0f} h")
+        ev["batch"].insert(0, f"a {f.hours:.0f} h window that recurs daily")
+        return
+    trains = _collective_waits(f, th) >= 0.03 or f.cycle_minutes is not None
+    if f.bounded and f.hours <= 14 and _saturated(f, th) and not trains:
+        s["batch"] += 0.5
+        ev["batch"].insert(0, f"a bounded {f.hours:.1f} h run at steady saturation")
+    elif _saturated(f, th) and not trains and f.hours < 18:
+        s["batch"] += 0.1  # saturated without any of training's signatures
+        ev["batch"].append("no collectives and no checkpoint cycle (training's signatures)")
+
+
+def _agree_in_lockstep(
+    spans: dict[str, list[_Span]], decided: dict[int, tuple[str, float, list[str]]]
+) -> None:
+    """GPUs in lockstep are one workload: they take the class most of them got, weighted by the
+    margin each decided with (tensor-parallel replicas, data-parallel ranks)."""
+    seen: set[int] = set()
+    for group in spans.values():
+        for s in group:
+            if id(s) in seen or not s.peers or id(s) not in decided:
+                continue
+            members = _component(s)
+            seen |= {id(m) for m in members}
+            votes: dict[str, float] = {}
+            for m in members:
+                cls, margin, _ = decided[id(m)]
+                votes[cls] = votes.get(cls, 0.0) + 0.1 + margin
+            best = max(votes, key=lambda k: (votes[k], k))
+            note = f"{len(members)} GPUs in lockstep (r={max(m.peer_r for m in members):.2f})"
+            for m in members:
+                cls, margin, words = decided[id(m)]
+                agreed = sum(1 for x in members if decided[id(x)][0] == best) / len(members)
+                if cls != best:
+                    words = [f"classed with its lockstep group ({agreed:.0%} of them {best})"]
+                    margin = 0.2
+                decided[id(m)] = (best, margin + 0.1 * agreed, [note, *words])
+
+
+def _component(s: _Span) -> list[_Span]:
+    out, stack, seen = [], [s], {id(s)}
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        for p in x.peers:
+            if id(p) not in seen:
+                seen.add(id(p))
+                stack.append(p)
+    return out
+
+
+def _segment_of(
+    span: _Span, decided: dict[int, tuple[str, float, list[str]]], data: FleetData, th: Thresholds
+) -> Segment:
+    end = span.end + data.bucket_seconds
+    f = span.features
+    if not span.occupied:
+        return Segment(span.start, end, "idle", _confidence(f, 1.0, th), ("nothing held the GPU",))
+    cls, margin, words = decided[id(span)]
+    evidence = [*words, _describe(f)]
+    if _thin(f, th):
+        evidence.append(
+            f"only {f.samples} samples over {f.hours * 60:.0f} min: too little to be sure"
+        )
+    return Segment(span.start, end, cls, _confidence(f, margin, th), tuple(evidence))
+
+
+def _thin(f: Features, th: Thresholds) -> bool:
+    return f.hours * 3600 < th.min_evidence_seconds or f.samples < th.min_evidence_samples
+
+
+def _confidence(f: Features, margin: float, th: Thresholds) -> float:
+    """From the margin over the runner-up, lowered when signals are missing, and at most 0.5
+    on too little data."""
+    base = 0.5 + 0.45 * (1.0 - math.exp(-margin / 0.5))
+    signals = sum(x is not None for x in (f.load_median, f.memory_gib, f.power_ratio))
+    base *= (0.85, 0.9, 0.95, 1.0)[signals]
+    if _thin(f, th):
+        base = min(base, 0.5)
+    return round(min(base, 0.98), 2)
+
+
+def _describe(f: Features) -> str:
+    parts = [f"{f.hours:.1f} h held"]
+    if f.memory_ratio is not None:
+        parts.append(f"memory {f.memory_ratio:.0%} of the device")
+    elif f.memory_gib is not None:
+        parts.append(f"memory {f.memory_gib:.1f} GiB (device size unknown)")
+    else:
+        parts.append("memory not reported")
+    if f.load_source == "utilization":
+        parts.append(f"utilization median {f.load_median:.0%} (p90 {f.load_p90:.0%})")
+    if f.power_ratio is not None:
+        parts.append(f"power {f.power_ratio:.0%} of the limit")
+    return ", ".join(parts)
 
 
 def _overall(gpu: GpuInfo, segments: list[Segment]) -> GpuVerdict:
@@ -484,17 +822,16 @@ def _overall(gpu: GpuInfo, segments: list[Segment]) -> GpuVerdict:
     total = sum(share.values())
     # The contract: the class of the workload that held the GPU longest; idle only when nothing
     # held it (for more than a sliver of the window, so a blip does not name the GPU).
-    held = {k: v for k, v in share.items() if k != "idle" and v >= HELD_FLOOR_RATIO * total}
-    best = max(held, key=lambda k: (held[k], k)) if held else "idle"
+    held_share = {k: v for k, v in share.items() if k != "idle" and v >= HELD_FLOOR_RATIO * total}
+    best = max(held_share, key=lambda k: (held_share[k], k)) if held_share else "idle"
     main = [s for s in segments if s.gpu_class == best]
     confidence = round(
         sum(s.confidence * (s.end - s.start) for s in main)
         / max(sum(s.end - s.start for s in main), 1e-9),
         2,
     )
-    evidence = [f"{best} for {share[best] / total:.0%} of the window"]
+    longest = max(main, key=lambda s: s.end - s.start)
+    evidence = [f"{best} for {share[best] / total:.0%} of the window", *longest.evidence]
     if share.get("idle", 0.0) > 0 and best != "idle":
         evidence.append(f"idle for {share['idle'] / total:.0%}")
-    longest = max(main, key=lambda s: s.end - s.start)
-    evidence += list(longest.evidence)
     return GpuVerdict(gpu, best, confidence, tuple(evidence), tuple(segments))

@@ -13,6 +13,7 @@ from typing import Any
 
 from analyzer.classify import GpuVerdict, class_at
 from analyzer.load import Bucket, CgroupBucket, FleetData, GpuInfo, HostBucket, TenantBucket
+from analyzer.reference import PowerRef, held, references
 from analyzer.thresholds import Thresholds
 
 GIB = float(1 << 30)
@@ -44,13 +45,17 @@ class GpuView:
     buckets: tuple[Bucket, ...]
     tenants: dict[float, tuple[TenantBucket, ...]]
     verdict: GpuVerdict | None
-    memory_total_bytes: float
+    ref: PowerRef
+
+    @property
+    def memory_total_bytes(self) -> float | None:
+        return self.ref.memory_total_bytes
 
     def class_at(self, t: float) -> str:
         return class_at(self.verdict, t) if self.verdict is not None else "idle"
 
     def held(self, b: Bucket, th: Thresholds) -> bool:
-        return (b.memory_bytes or 0.0) / self.memory_total_bytes > th.held_memory_ratio
+        return held(b, self.ref.memory_total_bytes, th)
 
     def main_tenant(self, t: float) -> str | None:
         present = self.tenants.get(t, ())
@@ -78,6 +83,7 @@ class Context:
 
 def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds) -> Context:
     by_uuid = {v.info.uuid: v for v in verdicts}
+    refs = references(data, thresholds)
     views = {}
     for gpu in data.gpus:
         buckets = data.buckets.get(gpu.uuid, ())
@@ -89,7 +95,7 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
             buckets,
             {k: tuple(v) for k, v in tenants.items()},
             by_uuid.get(gpu.uuid),
-            _memory_total(gpu, buckets),
+            refs[gpu.uuid],
         )
     ib = {
         node: [h.ib_bytes_per_second for h in hosts if h.ib_bytes_per_second]
@@ -99,7 +105,7 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
         data,
         thresholds,
         views,
-        _idle_watts(views, thresholds),
+        {uuid: ref.idle_watts for uuid, ref in refs.items()},
         data.bucket_seconds / 3600.0,
         host_at={(node, h.start): h for node, hosts in data.hosts.items() for h in hosts},
         cgroup_at={
@@ -109,40 +115,6 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
         },
         ib_median={node: statistics.median(rates) for node, rates in ib.items() if rates},
     )
-
-
-def _memory_total(gpu: GpuInfo, buckets: tuple[Bucket, ...]) -> float:
-    if gpu.memory_total_bytes:
-        return float(gpu.memory_total_bytes)
-    observed = [b.memory_max_bytes for b in buckets if b.memory_max_bytes]
-    return max(observed) / 0.9 if observed else 1.0
-
-
-def _idle_watts(views: dict[str, GpuView], th: Thresholds) -> dict[str, float]:
-    """A GPU's power with nothing running: the median power of the fleet's empty, idle buckets of
-    the same model; else the GPU's own lowest bucket, capped at 15% of its limit (an H100 idles
-    near 10% of its 700 W limit, an A100 near 13% of 400 W)."""
-    by_model: dict[str, list[float]] = {}
-    for view in views.values():
-        model = view.info.model or "?"
-        by_model.setdefault(model, []).extend(
-            b.power_watts
-            for b in view.buckets
-            if b.power_watts is not None
-            and (b.util_max or 0.0) <= th.idle_util_ratio
-            and not view.held(b, th)
-        )
-    out = {}
-    for uuid, view in views.items():
-        fleet = by_model.get(view.info.model or "?", [])
-        if len(fleet) >= 3:
-            out[uuid] = statistics.median(fleet)
-            continue
-        own = [b.power_watts for b in view.buckets if b.power_watts is not None]
-        floor = min(own) if own else 0.0
-        limit = view.info.power_limit_watts
-        out[uuid] = min(floor, 0.15 * limit) if limit else floor
-    return out
 
 
 def gpu_name(view: GpuView) -> str:

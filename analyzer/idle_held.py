@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from analyzer.context import GIB, Context, Detected, Finding, GpuView, gpu_name, hours
 from analyzer.load import Bucket
+from analyzer.reference import held_bytes
 
 NO_PROCESS = "no process"
 
@@ -77,7 +78,7 @@ def _tenant_runs(ctx: Context, view: GpuView) -> list[_Run]:
                 and mine is not None
                 and mine.sm_util is not None
                 and mine.sm_util <= th.idle_util_ratio
-                and (mine.memory_bytes or 0.0) / view.memory_total_bytes > th.held_memory_ratio
+                and held_bytes(mine.memory_bytes, view.memory_total_bytes, th)
                 and len(view.tenants[t]) > 1
                 and not _idle(ctx, view, b)  # the GPU-level finding covers a GPU idle for all
             )
@@ -135,21 +136,22 @@ def _close(ctx: Context, buckets: list[Bucket], holder: str | None, runs: list[_
 def _finding(
     ctx: Context, view: GpuView, holder: str, runs: list[_Run], shared_gpu: bool = False
 ) -> Finding:
-    total = sum(r.end - r.start for r in runs)
+    held_seconds = sum(r.end - r.start for r in runs)
     longest = max(r.end - r.start for r in runs)
     memory = max(r.memory_bytes for r in runs)
-    share = memory / view.memory_total_bytes
+    total = view.memory_total_bytes
+    share = f"{memory / total:.0%} of the device" if total else "device size unknown"
     tenant = ctx.data.tenants.get(holder)
     who = holder
     if tenant is not None:
         extra = [f"user {tenant.user}" if tenant.user else "", tenant.command[:80]]
         who += " (" + ", ".join(x for x in extra if x) + ")"
     evidence = [
-        f"{gpu_name(view)}: {memory / GIB:.1f} GiB ({share:.0%} of the device) held by {who} "
-        f"with no compute for {hours(total)} in {len(runs)} stretch"
+        f"{gpu_name(view)}: {memory / GIB:.1f} GiB ({share}) held by {who} "
+        f"with no compute for {hours(held_seconds)} in {len(runs)} stretch"
         + ("es" if len(runs) > 1 else "")
         + f" (longest {hours(longest)})",
-        f"no interval of the {hours(total)} had utilization above "
+        f"no interval of the {hours(held_seconds)} had utilization above "
         f"{ctx.thresholds.idle_util_ratio:.0%}",
     ]
     if shared_gpu:
@@ -172,12 +174,12 @@ def _finding(
         uuid=view.info.uuid,
         start=runs[0].start,
         end=runs[-1].end,
-        gpu_hours_lost=total / 3600.0,
+        gpu_hours_lost=held_seconds / 3600.0,
         evidence=tuple(evidence),
         details=(
             ("holder", holder),
             ("user", tenant.user if tenant else None),
-            ("idle_held_seconds", total),
+            ("idle_held_seconds", held_seconds),
             ("longest_seconds", longest),
             ("stretches", len(runs)),
             ("memory_bytes", int(memory)),

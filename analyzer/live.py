@@ -31,12 +31,13 @@ def trailing(
     """Analyze the newest ``window_seconds`` of one store, with the same detectors, in the same
     order, as ``aiscope analyze`` (so its exclusions are the report's)."""
     data = load([path], window_seconds, timeout=timeout)
-    ctx = context(data, classify(data), thresholds)
+    ctx = context(data, classify(data, thresholds), thresholds)
     results = run(ctx)
     noisy: dict[str, Finding] = {}
     for f in results.by_detector["noisy_neighbor"].findings:
-        if f.uuid not in noisy or f.detail("slowdown_ratio") > noisy[f.uuid].detail(
-            "slowdown_ratio"
+        worst = noisy.get(f.uuid)
+        if worst is None or (f.detail("slowdown_ratio") or 0.0) > (
+            worst.detail("slowdown_ratio") or 0.0
         ):
             noisy[f.uuid] = f
     waits = results.waiting

@@ -8,7 +8,9 @@ the length of the aggregation.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -227,7 +229,7 @@ def _materialize(
     con: duckdb.DuckDBPyConnection, aliases: list[str], start: float, end: float, bucket: int
 ) -> None:
     con.execute(
-        "CREATE TABLE buckets AS SELECT node, uuid, "
+        "CREATE TABLE buckets AS SELECT node, uuid, min(gpu_index) AS idx, "
         "floor(ts / $b) * $b AS start, count(*) AS samples, count(*) FILTER (WHERE up) AS ups, "
         "avg(utilization_gpu_ratio) AS util, max(utilization_gpu_ratio) AS util_max, "
         "min(utilization_gpu_ratio) AS util_min, avg(memory_used_bytes) AS mem, "
@@ -345,14 +347,16 @@ def _interval(con: duckdb.DuckDBPyConnection, start: float, end: float) -> float
 def _fetch(
     con: duckdb.DuckDBPyConnection, start: float, end: float, bucket: int, interval: float | None
 ) -> FleetData:
-    gpus = tuple(
-        GpuInfo(node, uuid, int(index), name, total, limit)
-        for node, uuid, index, name, total, limit in con.execute(
-            "SELECT b.node, b.uuid, coalesce(d.gpu_index, 0), d.name, d.total, d.power_limit "
-            "FROM (SELECT DISTINCT node, uuid FROM buckets) b "
-            "LEFT JOIN devices d USING (node, uuid) "
-            "ORDER BY b.node, coalesce(d.gpu_index, 0), b.uuid"
-        ).fetchall()
+    gpus = _distinct_indexes(
+        [
+            GpuInfo(node, uuid, -1 if index is None else int(index), name, total, limit)
+            for node, uuid, index, name, total, limit in con.execute(
+                "SELECT b.node, b.uuid, coalesce(d.gpu_index, b.idx), d.name, d.total, "
+                "d.power_limit FROM (SELECT node, uuid, min(idx) AS idx FROM buckets "
+                "GROUP BY ALL) b LEFT JOIN devices d USING (node, uuid) "
+                "ORDER BY b.node, coalesce(d.gpu_index, b.idx), b.uuid"
+            ).fetchall()
+        ]
     )
     buckets: dict[str, list[Bucket]] = {g.uuid: [] for g in gpus}
     for row in con.execute(
@@ -378,6 +382,21 @@ def _fetch(
         hints={k: tuple(sorted(set(v))) for k, v in hints.items()},
         sample_interval_seconds=interval,
     )
+
+
+def _distinct_indexes(gpus: list[GpuInfo]) -> tuple[GpuInfo, ...]:
+    """GPUs told apart by uuid, bus id or position stay distinct in every output: a GPU with no
+    index, or with an index another GPU of its node already has, gets the node's next free one."""
+    out: list[GpuInfo] = []
+    taken: dict[str, set[int]] = {}
+    for gpu in gpus:
+        used = taken.setdefault(gpu.node, set())
+        index = gpu.gpu_index
+        if index < 0 or index in used:
+            index = next(i for i in itertools.count() if i not in used)
+        used.add(index)
+        out.append(dataclasses.replace(gpu, gpu_index=index))
+    return tuple(sorted(out, key=lambda g: (g.node, g.gpu_index, g.uuid)))
 
 
 def _fetch_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[HostBucket, ...]]:

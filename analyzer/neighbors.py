@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass
 
 from analyzer.changepoint import mean_shift
-from analyzer.classify import _pearson
+from analyzer.classify import pearson
 from analyzer.context import Context, Detected, Finding, GpuView, gpu_name, hours
 from analyzer.load import Bucket, HostBucket
 
@@ -101,17 +101,45 @@ def _co_tenants(ctx: Context, view: GpuView) -> list[Finding]:
     out = []
     for o in overlaps:
         m = measured.get((o.victim, o.start))
-        inferred = False
-        if m is None:
-            other = measured.get((o.aggressor, o.start))
-            if other is None or not _saturated(view, o):
-                continue
-            m, inferred = other, True
-        slowdown, solo, during = m
-        if slowdown < ctx.thresholds.noisy_min_slowdown_ratio:
+        if m is not None:
+            if m[0] >= ctx.thresholds.noisy_min_slowdown_ratio:
+                out.append(_co_tenant_finding(ctx, view, o, *m, "nearby"))
             continue
-        out.append(_co_tenant_finding(ctx, view, o, slowdown, solo, during, inferred))
+        # The victim never ran alone around the overlap. Interference is asymmetric (one job of
+        # a time-sliced pair can keep 0.88 of its solo speed while the other falls to 0.56), so
+        # the co-tenant's slowdown says nothing of the victim's: use the victim's own solo
+        # history elsewhere (another time, another GPU of the same model), else report the
+        # slowdown as unknown.
+        other = measured.get((o.aggressor, o.start))
+        if other is None or not _saturated(view, o):
+            continue
+        history = _solo_history(ctx, view, o)
+        if history is None:
+            out.append(_co_tenant_finding(ctx, view, o, None, None, None, "unknown"))
+        elif history[0] >= ctx.thresholds.noisy_min_slowdown_ratio:
+            out.append(_co_tenant_finding(ctx, view, o, *history, "history"))
     return out
+
+
+def _solo_history(ctx: Context, view: GpuView, o: _Overlap) -> tuple[float, float, float] | None:
+    """The victim's slowdown against its own level when it ran alone anywhere in the window, on
+    this GPU or on another GPU of the same model; ``None`` when it never did."""
+    solo = [
+        tb.sm_util
+        for other in ctx.views.values()
+        if other.info.model == view.info.model
+        for t, present in other.tenants.items()
+        if len(present) == 1 and not (other is view and o.start <= t < o.end)
+        for tb in present
+        if tb.tenant == o.victim and tb.sm_util is not None
+    ]
+    during = [v for t, v in _series(view, o.victim).items() if o.start <= t < o.end]
+    if len(solo) < 3 or len(during) < 3:
+        return None
+    solo_level, during_level = statistics.fmean(solo), statistics.fmean(during)
+    if solo_level < MIN_SOLO_LEVEL:
+        return None
+    return 1.0 - during_level / solo_level, solo_level, during_level
 
 
 def _measure(ctx: Context, view: GpuView, o: _Overlap) -> tuple[float, float, float] | None:
@@ -158,23 +186,30 @@ def _co_tenant_finding(
     ctx: Context,
     view: GpuView,
     o: _Overlap,
-    slowdown: float,
-    solo: float,
-    during: float,
-    inferred: bool,
+    slowdown: float | None,
+    solo: float | None,
+    during: float | None,
+    baseline: str,
 ) -> Finding:
     mine, theirs = _series(view, o.victim), _series(view, o.aggressor)
     keys = sorted(t for t in mine if t in theirs and o.start <= t < o.end)
-    r = _pearson([mine[k] for k in keys], [theirs[k] for k in keys]) if len(keys) > 3 else 0.0
+    r = pearson([mine[k] for k in keys], [theirs[k] for k in keys]) if len(keys) > 3 else 0.0
     util = [b.util for b in view.buckets if o.start <= b.start < o.end and b.util is not None]
     evidence = [
         f"{o.victim} and {o.aggressor} shared {gpu_name(view)} for {hours(o.end - o.start)}; "
         f"the GPU read {statistics.fmean(util) if util else 0:.0%} utilization",
     ]
-    if inferred:
+    if slowdown is None or solo is None or during is None:
         evidence.append(
-            f"{o.victim} never ran alone nearby; on a saturated time-sliced GPU every tenant gets "
-            f"the same share, so its slowdown ({slowdown:.0%}) is its co-tenant's measured one"
+            f"{o.victim} never ran alone (here or on another {view.info.model or 'GPU'}), so its "
+            f"slowdown cannot be measured: slowdown_ratio is null. {o.aggressor} measurably "
+            "slowed down when they overlapped, and interference is asymmetric, so the "
+            "co-tenant's figure is not the victim's"
+        )
+    elif baseline == "history":
+        evidence.append(
+            f"{o.victim}'s own SM utilization was {solo:.0%} when it ran alone elsewhere in the "
+            f"window and {during:.0%} while sharing ({slowdown:.0%} slower)"
         )
     else:
         evidence.append(
@@ -190,7 +225,7 @@ def _finding(
     view: GpuView,
     o: _Overlap,
     resource: str,
-    slowdown: float,
+    slowdown: float | None,
     ctx: Context,
     evidence: tuple[str, ...],
     r: float | None,
@@ -202,7 +237,8 @@ def _finding(
         uuid=view.info.uuid,
         start=o.start,
         end=o.end,
-        gpu_hours_lost=slowdown * (o.end - o.start) / 3600.0,
+        # An unmeasurable slowdown costs an unknown amount: counted as 0, said in the evidence.
+        gpu_hours_lost=(slowdown or 0.0) * (o.end - o.start) / 3600.0,
         evidence=evidence,
         details=(
             ("victim", o.victim),

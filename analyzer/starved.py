@@ -65,6 +65,7 @@ class _Job:
     straggler: Straggler | None = None
     straggler_since: float | None = None
     nodes: int = 1
+    reference: str = "its own busiest intervals"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +98,14 @@ def evaluate(
     ctx: Context, explained: frozenset[tuple[str, float]] = frozenset()
 ) -> list[tuple[Finding, bool]]:
     out = []
-    for job in _jobs(ctx):
-        _references(ctx, job)
+    jobs = _jobs(ctx)
+    owns = {job.name: _own_reference(ctx, job) for job in jobs}
+    fleet: dict[str, dict[str, float]] = {}
+    for job in jobs:
+        if (k := owns[job.name]) is not None:
+            fleet.setdefault(job.members[0].view.info.model or "?", {})[job.name] = k
+    for job in jobs:
+        job.k_ref, job.reference = _physical(ctx, job, owns[job.name], fleet)
         comm_waits = _comm_waits(ctx, job)
         for member in job.members:
             losses = [_loss(ctx, job, member, b, comm_waits, explained) for b in member.buckets]
@@ -127,7 +134,8 @@ def _jobs(ctx: Context) -> list[_Job]:
     return jobs
 
 
-def _references(ctx: Context, job: _Job) -> None:
+def _own_reference(ctx: Context, job: _Job) -> float | None:
+    """The job's own fed level: power above idle per unit of utilization, 75th percentile."""
     ks: dict[str, float] = {}
     clocks: list[float] = []
     for m in job.members:
@@ -147,9 +155,39 @@ def _references(ctx: Context, job: _Job) -> None:
     # real jobs spread by ~10%), and that spread is not starvation. With a straggler, the ranks
     # wait for it, and its own fed level is the reference.
     if job.straggler is not None and job.straggler.worker in ks:
-        job.k_ref = ks[job.straggler.worker]
-    else:
-        job.k_ref = statistics.median(ks.values()) if ks else None
+        return ks[job.straggler.worker]
+    return statistics.median(ks.values()) if ks else None
+
+
+def _physical(
+    ctx: Context, job: _Job, own: float | None, fleet: dict[str, dict[str, float]]
+) -> tuple[float | None, str]:
+    """The fed level to measure against. A job's own best intervals are a fair reference only
+    when they look fed: below ``fed_power_floor_ratio`` of its GPU's dynamic range (limit - idle)
+    it waits even then (chronic starvation), and the reference becomes what the fleet's other
+    jobs on that model draw when busy, or that floor, whichever is higher."""
+    view = job.members[0].view
+    ref = view.ref
+    if not ref.limit_watts or ref.limit_watts <= ref.idle_watts:
+        return own, "its own busiest intervals"
+    floor = ctx.thresholds.fed_power_floor_ratio * (ref.limit_watts - ref.idle_watts)
+    if own is not None and own >= floor:
+        return own, "its own busiest intervals"
+    others = [
+        k
+        for name, k in fleet.get(view.info.model or "?", {}).items()
+        if name != job.name and k >= floor
+    ]
+    seen = statistics.median(others) if others else 0.0
+    if seen > floor:
+        return (
+            seen,
+            f"what other jobs on {view.info.model} draw when busy ({seen:.0f} W above idle)",
+        )
+    return floor, (
+        f"{ctx.thresholds.fed_power_floor_ratio:.0%} of the GPU's dynamic power range "
+        f"({ref.idle_watts:.0f}-{ref.limit_watts:.0f} W, limit from the {ref.limit_source})"
+    )
 
 
 def _straggler(ctx: Context, job: _Job) -> None:
@@ -184,7 +222,7 @@ def _comm_waits(ctx: Context, job: _Job) -> Counter[float]:
 
 
 def _power_share(ctx: Context, job: _Job, view: GpuView, b: Bucket) -> float | None:
-    if b.power_watts is None or not job.k_ref or b.util is None:
+    if b.power_watts is None or not job.k_ref:
         return None
     idle = ctx.idle_watts.get(view.info.uuid, 0.0)
     return max(b.power_watts - idle, 0.0) / job.k_ref
@@ -199,11 +237,13 @@ def _loss(
     explained: frozenset[tuple[str, float]],
 ) -> _Loss | None:
     th = ctx.thresholds
-    if (m.view.info.uuid, b.start) in explained or b.util is None:
+    if (m.view.info.uuid, b.start) in explained:
         return None
     fed_class = m.view.class_at(b.start) in CLASSES
     share = _power_share(ctx, job, m.view, b)
-    wait = 1.0 - b.util if share is None else 1.0 - share
+    if share is None and b.util is None:
+        return None  # neither power nor utilization: nothing to measure (absent is not zero)
+    wait = 1.0 - (b.util or 0.0) if share is None else 1.0 - share
     wait = min(max(wait, 0.0), 1.0)
     clock_loss = 0.0
     throttled = (b.throttled_ratio or 0.0) >= th.throttled_samples_ratio
@@ -214,7 +254,7 @@ def _loss(
         return None
     if clock_loss >= wait:
         cause = "throttled"
-    elif b.util >= th.collective_util_ratio:
+    elif b.util is not None and b.util >= th.collective_util_ratio:
         cause = "network" if _ib_surge(ctx, m.view.info.node, b.start) else "communication"
         lost = max(lost - th.collective_allowance_ratio, 0.0)  # normal rank-to-rank spread
         if lost < NOISE:
@@ -296,6 +336,7 @@ def _finding(ctx: Context, job: _Job, m: _Member, losses: list[_Loss]) -> tuple[
         f"{job.name} on {gpu_name(view)} waited {ratio:.0%} of {held_hours:.1f} held hours: "
         f"{lost_hours:.1f} GPU-hours lost",
         "by cause: " + ", ".join(f"{c} {h:.1f} GPU-h" for c, h in ranked),
+        f"waiting measured from power against {job.reference}",
         *_cause_evidence(ctx, job, m, losses, cause),
     ]
     details: list[tuple[str, object]] = [

@@ -29,6 +29,9 @@ class Thresholds:
     idle_util_ratio: float = 0.05
     #: GPU memory above this share of the device means "held" (a CUDA context alone is ~0.5%).
     held_memory_ratio: float = 0.02
+    #: ... and above this many bytes when the device's size is unknown: a CUDA context with
+    #: PyTorch's kernels loaded takes 300-600 MiB, so 1 GiB is a workload's data, not a context.
+    held_memory_floor_bytes: float = float(1 << 30)
     #: How long a GPU must be held without compute to be ``idle_held`` (the issue's 1 h; Job
     #: Defense Shield's cancel rule waits about 2 h at 0%).
     idle_held_window_seconds: float = 3600.0
@@ -60,6 +63,32 @@ class Thresholds:
     #: Throttled: clock-event reasons report a power or thermal limit in this share of samples.
     throttled_samples_ratio: float = 0.50
 
+    #: Starved: a job fed by its input draws at least this share of its GPU's dynamic power
+    #: range (limit - idle). LLM training runs near the board limit (Patel et al., "POLCA",
+    #: ASPLOS'24: training power peaks at or near TDP; MLPerf H100 training submissions draw
+    #: 600-700 W of 700 W); a job whose own best intervals sit below half of the range is
+    #: measured against the fleet's fed level of that model, or this floor, not against itself.
+    fed_power_floor_ratio: float = 0.5
+
+    #: Classification. A GPU "computes hard" above this share of its dynamic power range when
+    #: utilization is not reported (the same POLCA figures: dense work draws most of the range).
+    busy_power_ratio: float = 0.5
+    #: ... or above this utilization (a duty cycle: 60% of the time a kernel ran).
+    busy_util_ratio: float = 0.6
+    #: Sustained saturation: the median load at least this, busy in this share of intervals.
+    saturated_load_ratio: float = 0.75
+    saturated_busy_ratio: float = 0.7
+    #: Demand-driven: activity in at least this share of the hours of the day (20 of 24: a
+    #: server gets requests around the clock; ServeGen's and Azure's production traces have
+    #: traffic in every hour), with no idle gap longer than chance (or this many seconds) leaves.
+    serving_hours_ratio: float = 0.8
+    serving_max_gap_seconds: float = 7200.0
+    #: A development session ends after this long without compute (notebooks idle for hours).
+    session_gap_seconds: float = 3600.0
+    #: Below this much data about a GPU, a verdict is a guess: confidence at most 0.5.
+    min_evidence_seconds: float = 600.0
+    min_evidence_samples: float = 20.0
+
     #: Noisy neighbour: the victim's throughput must fall at least this much (a co-location study
     #: counted pairs below 0.9x solo speed as interfering; two time-shared LM jobs lost ~19%).
     noisy_min_slowdown_ratio: float = 0.10
@@ -73,7 +102,7 @@ class Thresholds:
             value = getattr(self, f.name)
             if f.name.endswith("_ratio") and not 0.0 <= value <= 1.0:
                 raise InputError(f"thresholds.{f.name}: must be between 0 and 1, got {value}")
-            if f.name.endswith(("_seconds", "_gpu_hours")) and value < 0:
+            if f.name.endswith(("_seconds", "_gpu_hours", "_bytes", "_samples")) and value < 0:
                 raise InputError(f"thresholds.{f.name}: must not be negative, got {value}")
 
 

@@ -3,22 +3,46 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
+import re
+from dataclasses import dataclass
 from typing import Any
 
 CLASS_ORDER = ("training", "inference", "batch", "interactive", "idle")
+_UID = re.compile(r"\b([0-9a-f]{8})-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+_FLAT_NEED = re.compile(r"\bneeds (\d+)-\1\b")
+_SPLIT_POOLS = re.compile(r"into \d+ reserved for inference, \d+ for training and \d+ flexible")
+NO_INFERENCE_POOL = "no inference pool is needed"
+
+
+def has_data(doc: dict[str, Any]) -> bool:
+    """Whether the window holds any GPU-hours (a store sampled once, or not in the window,
+    holds none: the report then says so instead of printing 0 GPU-hours as 100% of anything)."""
+    return bool(sum(doc["summary"]["gpu_hours"].values()) > 0)
+
+
+def fleet_size(doc: dict[str, Any]) -> str:
+    s = doc["summary"]
+    return (
+        f"{s['gpus']} GPU{'s' if s['gpus'] != 1 else ''} on {s['nodes']} "
+        f"node{'s' if s['nodes'] != 1 else ''}"
+    )
 
 
 def headline(doc: dict[str, Any]) -> list[str]:
     s = doc["summary"]
+    if not has_data(doc):
+        return [
+            f"No data in the window ({window(doc)}): {fleet_size(doc)} seen, "
+            "but no GPU-hours to account for. Widen --since or check that the agents are running."
+        ]
     total = sum(s["gpu_hours"].values())
     by_class = ", ".join(
         f"{c} {s['gpu_hours'][c]:,.0f}" for c in CLASS_ORDER if s["gpu_hours"].get(c)
     )
     sh = s["shares"]
     lines = [
-        f"{s['gpus']} GPU{'s' if s['gpus'] != 1 else ''} on {s['nodes']} "
-        f"node{'s' if s['nodes'] != 1 else ''} over {s['hours'] / 24:.1f} days: "
-        f"{total:,.0f} GPU-hours ({by_class}).",
+        f"{fleet_size(doc)} over {s['hours'] / 24:.1f} days: {total:,.0f} GPU-hours ({by_class}).",
         f"Useful {sh['useful']:.0%}, idle {sh['idle']:.0%}, starved {sh['starved']:.0%}, "
         f"idle-held {sh['idle_held']:.0%}, lost to noisy neighbours {sh['noisy_neighbor']:.0%}.",
     ]
@@ -48,16 +72,56 @@ def starved_by_cause(doc: dict[str, Any]) -> list[tuple[str, float, int]]:
     return sorted(((c, sum(v), len(v)) for c, v in causes.items()), key=lambda x: (-x[1], x[0]))
 
 
-def timeline_labels(doc: dict[str, Any]) -> list[tuple[int, str]]:
+@dataclass(frozen=True)
+class Timeline:
+    """The fleet timeline from its first bucket with data to its last (an hour the window only
+    grazes, with no bucket in it, is not drawn as a fleet of zero GPUs)."""
+
+    start: dt.datetime
+    step_seconds: int
+    classes: dict[str, list[float]]
+
+    @property
+    def n(self) -> int:
+        return max((len(v) for v in self.classes.values()), default=0)
+
+    def at(self, index: float) -> dt.datetime:
+        return self.start + dt.timedelta(seconds=index * self.step_seconds)
+
+
+def timeline(doc: dict[str, Any]) -> Timeline:
     t = doc["summary"]["timeline"]
     start = dt.datetime.strptime(t["start"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    n = len(next(iter(t["classes"].values())))
-    step = max(1, n // 7)
+    classes = {c: list(v) for c, v in t["classes"].items()}
+    n = max((len(v) for v in classes.values()), default=0)
+    totals = [sum(v[i] for v in classes.values() if i < len(v)) for i in range(n)]
+    filled = [i for i, total in enumerate(totals) if total]
+    lo, hi = (filled[0], filled[-1] + 1) if filled else (0, 0)
+    step = int(t["step_seconds"])
+    return Timeline(
+        start + dt.timedelta(seconds=lo * step), step, {c: v[lo:hi] for c, v in classes.items()}
+    )
+
+
+def timeline_labels(t: Timeline) -> list[tuple[float, str]]:
+    """(index, text) ticks on boundaries in UTC: midnights named by the day they start, for
+    spans over two days (every day, or every few for long windows), else whole hours."""
+    if t.n < 2:
+        return []
+    span = (t.n - 1) * t.step_seconds
+    days = span > 2 * 86400
+    every = math.ceil(span / 86400 / 8) * 86400 if days else _hour_step(span)
+    first = math.ceil(t.start.timestamp() / every) * every
     out = []
-    for i in range(0, n, step):
-        when = start + dt.timedelta(seconds=i * t["step_seconds"])
-        out.append((i, when.strftime("%a %d") if step >= 24 else when.strftime("%H:%M")))
+    for ts in range(int(first), int(t.start.timestamp() + span) + 1, int(every)):
+        when = dt.datetime.fromtimestamp(ts, dt.UTC)
+        index = (ts - t.start.timestamp()) / t.step_seconds
+        out.append((index, when.strftime("%a %d") if days else when.strftime("%H:%M")))
     return out
+
+
+def _hour_step(span: float) -> int:
+    return next(k for k in (1, 2, 3, 6, 12, 24) if span / (k * 3600) <= 8) * 3600
 
 
 def coverage_lines(doc: dict[str, Any]) -> list[str]:
@@ -73,6 +137,73 @@ def coverage_lines(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def service_name(r: dict[str, Any]) -> str:
+    """Who a reservation is for: the service's or pod's name where the document carries one
+    (``service``, ``name``), else its pool, with a bare pod UID cut to its first 8 digits."""
+    for key in ("service", "name"):
+        if r.get(key):
+            return str(r[key])
+    pool = str(r.get("pool", ""))
+    hint = _command_hint(r) if _UID.search(pool) else ""
+    return (f"{hint} on " if hint else "") + short_uids(pool)
+
+
+def _command_hint(r: dict[str, Any]) -> str:
+    """What a pod known only by its UID serves: its ``--model``, else its program's name."""
+    command = next((e[9:] for e in r.get("evidence", ()) if e.startswith("command: ")), "")
+    words = command.split()
+    if "--model" in words[:-1]:
+        return words[words.index("--model") + 1]
+    return words[0].rsplit("/", 1)[-1] if words and command != "not seen" else ""
+
+
+def short_uids(text: str) -> str:
+    return _UID.sub(r"\1…", text)
+
+
+def rec_text(r: dict[str, Any], text: str) -> str:
+    """A recommendation's sentence as the report prints it: the service by name, a need whose
+    ends are equal as one number, no pool of 0 GPUs named in a split."""
+    if r.get("pool"):
+        text = text.replace(str(r["pool"]), service_name(r))
+    text = _FLAT_NEED.sub(r"needs \1", short_uids(text))
+    if r["kind"] == "split":
+        text = _split_text(r["pools"], text)
+    return text
+
+
+def _split_text(pools: dict[str, int], text: str) -> str:
+    words = {"inference-reserved": "{} reserved for inference", "training": "{} for training"}
+    parts = [words.get(k, "{} " + k).format(v) for k, v in pools.items() if v > 0]
+    phrase = (
+        ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1] if parts else ""
+    )
+    text = _SPLIT_POOLS.sub(lambda _: f"into {phrase}", text)
+    if not pools.get("inference-reserved"):
+        text = f"{text.rstrip()} No inference pool is needed: inference runs on the flexible pool."
+    return text
+
+
+def pools_text(pools: dict[str, int]) -> str:
+    """The split's pools that hold GPUs (a pool of 0 is not a reservation)."""
+    shown = ", ".join(f"{k} {v}" for k, v in pools.items() if v > 0) or "none"
+    return shown + ("" if pools.get("inference-reserved") else f" ({NO_INFERENCE_POOL})")
+
+
+def span(lo: float, hi: float) -> str:
+    """``lo to hi``, or one number when they are equal."""
+    return f"{lo:g}" if lo == hi else f"{lo:g} to {hi:g}"
+
+
+def gpu_why(g: dict[str, Any]) -> str:
+    """Why a GPU has its class: its share of the window, then the class's own first piece of
+    evidence (the verdict's list starts "<class> for N% of the window"; an "idle for N%" line,
+    before or after the class's evidence, is about another class and is skipped)."""
+    first, *rest = g["evidence"]
+    about = [e for e in rest if g["class"] == "idle" or not e.startswith("idle for ")]
+    return "; ".join([first, *about[:1]])
+
+
 def recommendation_fields(r: dict[str, Any]) -> list[str]:
     """The structured fields worth a line under the sentence."""
     out = []
@@ -80,11 +211,11 @@ def recommendation_fields(r: dict[str, Any]) -> list[str]:
     if r["kind"] == "reservation":
         rp = r["replay"]["recommended"]
         out.append(
-            f"pool {r['pool']}: {r['gpus']} GPUs at p{round(r['quantile'] * 100)}; replay: "
+            f"pool {service_name(r)}: {r['gpus']} GPUs at p{round(r['quantile'] * 100)}; replay: "
             f"{rp['under_ratio']:.1%} of intervals under, {rp['idle_gpu_hours']:,.0f} GPU-h idle"
         )
     if r["kind"] == "split":
-        out.append("pools: " + ", ".join(f"{k} {v}" for k, v in r["pools"].items()))
+        out.append("pools: " + pools_text(r["pools"]))
         out += [f"policy: {p}" for p in r["policy"]]
     if r["kind"] == "consolidate" and r.get("mig_profiles"):
         out.append("MIG: " + ", ".join(f"{k} -> {v}" for k, v in r["mig_profiles"].items()))
@@ -100,7 +231,10 @@ def finding_summary(f: dict[str, Any]) -> str:
     if f["kind"] == "starved":
         return f"{f['cause']} ({f['job']}, waiting {f['waiting_ratio']:.0%})"
     if f["kind"] == "noisy_neighbor":
-        return (
-            f"{f['victim']} slowed {f['slowdown_ratio']:.0%} by {f['aggressor']} ({f['resource']})"
+        slowed = (
+            "contended"  # a null slowdown: the victim's own baseline could not be measured
+            if f.get("slowdown_ratio") is None
+            else f"slowed {f['slowdown_ratio']:.0%}"
         )
+        return f"{f['victim']} {slowed} by {f['aggressor']} ({f['resource']})"
     return f"held by {f['holder']} for {f['idle_held_seconds'] / 3600:.1f} h"

@@ -13,9 +13,17 @@ from report.content import (
     coverage_lines,
     finding_rows,
     finding_summary,
+    fleet_size,
+    gpu_why,
+    has_data,
     headline,
+    pools_text,
+    rec_text,
     recommendation_fields,
+    service_name,
+    span,
     starved_by_cause,
+    timeline,
     timeline_labels,
     top_actions,
     window,
@@ -90,10 +98,21 @@ def _header(doc: dict[str, Any]) -> str:
 
 
 def _headline(doc: dict[str, Any]) -> str:
+    actions = "".join(f"<li>{_e(a)}</li>" for a in top_actions(doc)) or "<li>No findings.</li>"
+    return (
+        '<section id="headline"><h2>Headline</h2>'
+        + "".join(f"<p>{_e(x)}</p>" for x in headline(doc))
+        + (_cards(doc) if has_data(doc) else "")
+        + f'<h3>Top actions</h3><ol class="actions">{actions}</ol></section>'
+    )
+
+
+def _cards(doc: dict[str, Any]) -> str:
+    """The headline's numbers and the outcome bar (only for a window with GPU-hours in it)."""
     s = doc["summary"]
     sh = s["shares"]
     cards = [
-        (f"{s['gpus']}", f"GPUs on {s['nodes']} node" + ("s" if s["nodes"] != 1 else "")),
+        (f"{s['gpus']}", fleet_size(doc).split(" ", 1)[1]),
         (f"{sum(s['gpu_hours'].values()):,.0f}", "GPU-hours in the window"),
         (f"{sh['useful']:.0%}", "useful"),
         (f"{sh['idle']:.0%}", "idle"),
@@ -110,30 +129,33 @@ def _headline(doc: dict[str, Any]) -> str:
         "Share of GPU-hours by outcome",
         ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in shares.items()),
     )
-    actions = "".join(f"<li>{_e(a)}</li>" for a in top_actions(doc)) or "<li>No findings.</li>"
-    return (
-        '<section id="headline"><h2>Headline</h2>'
-        + "".join(f"<p>{_e(x)}</p>" for x in headline(doc))
-        + f'<div class="cards">{card_html}</div>{bar}'
-        + f'<h3>Top actions</h3><ol class="actions">{actions}</ol></section>'
-    )
+    return f'<div class="cards">{card_html}</div>{bar}'
 
 
 def _timeline(doc: dict[str, Any]) -> str:
-    t = doc["summary"]["timeline"]["classes"]
-    series = {c: t[c] for c in CLASS_ORDER if c in t}
+    t = timeline(doc)
+    series = {c: t.classes[c] for c in CLASS_ORDER if c in t.classes}
     peaks = ", ".join(f"{c} up to {max(v)}" for c, v in series.items() if any(v))
-    chart = svg.stacked_area(
-        series,
-        "GPUs by class over the window",
-        f"Stacked GPUs per hour by class: {peaks}.",
-        x_labels=timeline_labels(doc),
+    chart = (
+        svg.stacked_area(
+            series,
+            "GPUs by class over the window",
+            f"Stacked GPUs per hour by class, from {t.start:%Y-%m-%d %H:%M} UTC: {peaks}.",
+            x_labels=timeline_labels(t),
+        )
+        if t.n
+        else '<p class="muted">No data in the window.</p>'
     )
     return f'<section id="timeline"><h2>Fleet timeline</h2>{chart}</section>'
 
 
 def _real(doc: dict[str, Any]) -> str:
     real = doc["summary"]["real_utilization"]
+    if not real:
+        return (
+            '<section id="utilization"><h2>Utilization that is real</h2>'
+            '<p class="muted">No GPU held work in the window.</p></section>'
+        )
     groups = {
         c: {
             "utilization": v["utilization"],
@@ -217,9 +239,10 @@ def _recommendations(doc: dict[str, Any]) -> str:
     for r in doc["recommendations"]:
         chart = _recommendation_chart(r)
         fields = "".join(f"<li>{_e(x)}</li>" for x in recommendation_fields(r))
-        evidence = "".join(f"<li>{_e(x)}</li>" for x in r["evidence"][:6])
+        evidence = "".join(f"<li>{_e(rec_text(r, x))}</li>" for x in r["evidence"][:6])
+        summary = _e(rec_text(r, r["summary"]))
         parts.append(
-            f'<div class="rec"><p><span class="kind">{_e(r["kind"])}</span>: {_e(r["summary"])}</p>'
+            f'<div class="rec"><p><span class="kind">{_e(r["kind"])}</span>: {summary}</p>'
             f"<ul>{fields}</ul>{chart}<details><summary>evidence</summary><ul>{evidence}</ul>"
             "</details></div>"
         )
@@ -245,10 +268,10 @@ def _recommendation_chart(r: dict[str, Any]) -> str:
         }
         return svg.lines(
             series,
-            f"Demand and reservation for {r['pool']} by hour of day (UTC)",
+            f"Demand and reservation for {service_name(r)} by hour of day (UTC)",
             f"Median demand peaks at {max(profile['p50']):.1f} GPUs and p99 at "
-            f"{max(profile['p99']):.1f}; the reservation schedule runs {min(hourly)} to "
-            f"{max(hourly)} GPUs; the service holds {r['current_gpus']} today.",
+            f"{max(profile['p99']):.1f}; the reservation schedule runs "
+            f"{span(min(hourly), max(hourly))} GPUs; the service holds {r['current_gpus']} today.",
             steps=("reserved",),
             x_labels=[(h, f"{h:02d}:00") for h in range(0, 24, 3)],
             height=200,
@@ -256,13 +279,12 @@ def _recommendation_chart(r: dict[str, Any]) -> str:
     if r["kind"] == "split":
         pools = r["pools"]
         today = r.get("gpus_by_class", {})
-        rows = {
-            "after": {
-                "inference": pools["inference-reserved"],
-                "training": pools["training"],
-                "batch": pools["flexible"],
-            }
+        after = {
+            "inference": pools.get("inference-reserved", 0),
+            "training": pools.get("training", 0),
+            "batch": pools.get("flexible", 0),
         }
+        rows = {"after": {k: v for k, v in after.items() if v > 0}}
         if today:
             rows = {"today": today, **rows}
         return svg.stacked_bars(
@@ -271,7 +293,7 @@ def _recommendation_chart(r: dict[str, Any]) -> str:
             "Today: "
             + ", ".join(f"{k} {v}" for k, v in today.items())
             + ". After: "
-            + ", ".join(f"{k} {v}" for k, v in pools.items())
+            + pools_text(pools)
             + " (flexible shown as batch).",
         )
     return ""
@@ -305,7 +327,7 @@ def _detail(doc: dict[str, Any]) -> str:
     for g in gpus:
         anchor = "" if g["node"] in seen else f' id="gpus-{_anchor(g["node"])}"'
         seen.add(g["node"])
-        why = g["evidence"][1] if len(g["evidence"]) > 1 else g["evidence"][0]
+        why = gpu_why(g)
         gpu_rows.append(
             f"<tr{anchor}><td>{_e(g['node'])}/{_e(g['gpu'])}</td><td>{_e(g['model'] or '')}</td>"
             f'<td>{_e(g["class"])}</td><td class="num">{g["confidence"]:.2f}</td>'

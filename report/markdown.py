@@ -10,9 +10,12 @@ from report.content import (
     coverage_lines,
     finding_rows,
     finding_summary,
+    gpu_why,
     headline,
+    rec_text,
     recommendation_fields,
     starved_by_cause,
+    timeline,
     top_actions,
     window,
 )
@@ -35,33 +38,30 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["", "Top actions:", ""]
     lines += [f"{i}. {a}" for i, a in enumerate(top_actions(doc), 1)] or ["No findings."]
     lines += ["", "## Fleet timeline", "", "GPUs by class, peak and mean over the window:", ""]
-    timeline = s["timeline"]["classes"]
-    lines += _table(
-        ["class", "peak GPUs", "mean GPUs"],
-        [
-            [c, max(timeline[c]), f"{sum(timeline[c]) / max(len(timeline[c]), 1):.1f}"]
-            for c in CLASS_ORDER
-            if any(timeline.get(c, []))
-        ],
-    )
+    classes = timeline(doc).classes
+    rows: list[list[object]] = [
+        [c, max(classes[c]), f"{sum(classes[c]) / max(len(classes[c]), 1):.1f}"]
+        for c in CLASS_ORDER
+        if any(classes.get(c, []))
+    ]
+    lines += _table(["class", "peak GPUs", "mean GPUs"], rows) if rows else ["No data."]
     lines += ["", "## Utilization that is real", ""]
     lines += [
         "Utilization is a duty cycle: a rank waiting in an all-reduce reads 100%. Power and SM "
         "activity show how much work was done.",
         "",
     ]
-    lines += _table(
-        ["class", "utilization", "power / limit", "SM activity"],
-        [
-            [c, _pct(v["utilization"]), _pct(v["power_of_limit"]), _pct(v["sm_active"])]
-            for c, v in s["real_utilization"].items()
-        ],
-    )
+    real: list[list[object]] = [
+        [c, _pct(v["utilization"]), _pct(v["power_of_limit"]), _pct(v["sm_active"])]
+        for c, v in s["real_utilization"].items()
+    ]
+    lines += _table(["class", "utilization", "power / limit", "SM activity"], real) if real else []
+    lines += [] if real else ["No GPU held work in the window."]
     lines += ["", "## Findings", ""]
     lines += _findings(doc)
     lines += ["", "## Recommendations", ""]
     for r in doc["recommendations"]:
-        lines += [f"- **{r['kind']}**: {r['summary']}"]
+        lines += [f"- **{r['kind']}**: {rec_text(r, r['summary'])}"]
         lines += [f"  - {x}" for x in recommendation_fields(r)]
     lines += [f"- **{n['kind']}**: not enough data ({n['reason']})" for n in doc["not_enough_data"]]
     lines += ["", "## Per node", ""]
@@ -91,7 +91,7 @@ def render(doc: dict[str, Any]) -> str:
                 g["class"],
                 f"{g['confidence']:.2f}",
                 "" if g.get("starved_gpu_hours") is None else f"{g['starved_gpu_hours']:.1f}",
-                g["evidence"][1] if len(g["evidence"]) > 1 else g["evidence"][0],
+                gpu_why(g),
             ]
             for g in gpus[: TOP_N * 8]
         ],

@@ -3,7 +3,9 @@
 Why our own and not a library: the report must be one self-contained file readable offline and by
 mail clients that strip scripts, so charts are static inline SVG. matplotlib would add ~40 MB
 and a font cache to a telemetry tool; pygal and friends emit scripts or external CSS for their
-tooltips. The five chart types here are under 300 lines and fully under test.
+tooltips. The chart types here are about 400 lines and fully under test. Value axes run from 0
+in 1-2-5 steps to the smallest such tick at or above the maximum, labelled with exact values, and
+gridlines and data share one mapping (``_y``), so a value sits exactly on its tick.
 
 Accessibility: every chart is ``role="img"`` with a ``<title>`` and a ``<desc>`` that states
 its numbers in words (the alt text); colours are the Okabe-Ito palette, safe for the common
@@ -16,7 +18,7 @@ from __future__ import annotations
 import html
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 #: Okabe & Ito (2008), "Color Universal Design": distinguishable for protan, deutan and tritan.
 COLORS = {
@@ -52,6 +54,13 @@ PATTERNS = {
     "noisy_neighbor": "cross",
 }
 DASHES = {"utilization": "", "power": "6 3", "sm_active": "2 2", "memory": "8 2 2 2"}
+#: What each measure is: every one a ratio (of the power limit, of device memory).
+LABELS = {
+    "utilization": "utilization",
+    "power": "power / limit",
+    "sm_active": "SM activity",
+    "memory": "memory / device",
+}
 _ids = itertools.count()
 
 
@@ -68,13 +77,9 @@ def nice_ticks(vmax: float, most: int = 6) -> list[float]:
     tick at or above ``vmax``, so the axis top is a labelled value, not 1.1 x the maximum."""
     vmax = vmax if vmax > 0 else 1.0
     exp = math.floor(math.log10(vmax / most))
-    for k in range(exp, exp + 3):
-        for m in (1, 2, 5):
-            step = m * 10.0**k
-            n = math.ceil(vmax / step - 1e-9)
-            if n <= most:
-                return [round(i * step, 9) for i in range(n + 1)]
-    return [0.0, vmax]  # unreachable: 10**(exp+2) >= vmax always fits
+    steps = (m * 10.0**k for k in range(exp, exp + 3) for m in (1, 2, 5))
+    step = next(x for x in steps if math.ceil(vmax / x - 1e-9) <= most)
+    return [round(i * step, 9) for i in range(math.ceil(vmax / step - 1e-9) + 1)]
 
 
 def tick_text(v: float, step: float, pct: bool = False) -> str:
@@ -99,14 +104,13 @@ def _x_labels(labels: Sequence[tuple[float, str]], left: int, w: int, n: int, y:
     return "".join(out)
 
 
-def _open(
-    width: int, height: int, title: str, desc: str, fixed: bool = False
-) -> tuple[str, str]:
+def _open(width: int, height: int, title: str, desc: str, fixed: bool = False) -> tuple[str, str]:
     """The ``<svg>`` head; ``fixed`` charts keep their pixel width (text stays legible)."""
     n = next(_ids)
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
-        f'width="{width if fixed else "100%"}" role="img" aria-labelledby="t{n} d{n}" class="chart">'
+        f'width="{width if fixed else "100%"}" role="img" aria-labelledby="t{n} d{n}" '
+        'class="chart">'
         f'<title id="t{n}">{_esc(title)}</title><desc id="d{n}">{_esc(desc)}</desc>'
     )
     return head, str(n)
@@ -153,7 +157,7 @@ def _legend(
 
 
 def stacked_area(
-    series: dict[str, Sequence[float]],
+    series: Mapping[str, Sequence[float]],
     title: str,
     desc: str,
     x_labels: Sequence[tuple[float, str]] = (),
@@ -205,8 +209,17 @@ def _axes(
     out.append(
         f'<text x="10" y="{top + h / 2:.0f}" class="lbl" '
         f'transform="rotate(-90 10 {top + h / 2:.0f})" text-anchor="middle">{_esc(label)}</text>'
+        if label
+        else ""
     )
     return "".join(out)
+
+
+def _line(points: Sequence[str], color: str, dash: str, width: float = 2) -> str:
+    return (
+        f'<polyline points="{" ".join(points)}" fill="none" stroke="{color}" '
+        f'stroke-width="{width}" stroke-dasharray="{dash}"/>'
+    )
 
 
 def grouped_bars(
@@ -244,11 +257,7 @@ def grouped_bars(
             f'<text x="{left + gi * slot + slot / 2:.1f}" y="{height - 10}" class="lbl" '
             f'text-anchor="middle">{_esc(group)}</text>'
         )
-    legend = {
-        "utilization": "utilization (duty cycle)",
-        "power": "power / limit",
-        "sm_active": "SM activity",
-    }
+    legend = {**LABELS, "utilization": "utilization (duty cycle)"}
     for i, m in enumerate(measures):
         x = left + i * 190
         parts.append(
@@ -290,15 +299,11 @@ def lines(
             if name in steps and pts:
                 pts.append(f"{x:.1f},{pts[-1].split(',')[1]}")
             pts.append(f"{x:.1f},{y:.1f}")
-        color = COLORS.get(name, "#444")
+        color, dash, kx = COLORS.get(name, "#444"), dashes[k % len(dashes)], left + k * 170
+        parts.append(_line(pts, color, dash))
         parts.append(
-            f'<polyline points="{" ".join(pts)}" fill="none" stroke="{color}" stroke-width="2" '
-            f'stroke-dasharray="{dashes[k % len(dashes)]}"/>'
-        )
-        parts.append(
-            f'<line x1="{left + k * 170}" y1="12" x2="{left + k * 170 + 22}" y2="12" '
-            f'stroke="{color}" stroke-width="2" stroke-dasharray="{dashes[k % len(dashes)]}"/>'
-            + _label(left + k * 170 + 27, 16, name.replace("_", " "), "start")
+            _line([f"{kx},12", f"{kx + 22},12"], color, dash)
+            + _label(kx + 27, 16, name.replace("_", " "), "start")
         )
     n = max((len(s) for s in series.values()), default=1)
     parts.append(_x_labels(x_labels, left, w, n, height - 8))
@@ -306,25 +311,16 @@ def lines(
     return "".join(parts)
 
 
-#: What each evidence series is: every one a ratio (of the power limit, of device memory).
-SPARK_KEYS = {
-    "utilization": "utilization",
-    "power": "power / limit",
-    "sm_active": "SM activity",
-    "memory": "memory / device",
-}
-
-
 def sparkline(series: dict[str, Sequence[float | None]], title: str, desc: str) -> str:
     """A small chart of a finding's evidence: ratios on a 0-100% scale, with a visible key."""
-    width, height, left, top = 300, 74, 30, 20
+    width, height, left, top = 300, 76, 40, 26
     w, h = width - left - 4, height - top - 4
     head, _ = _open(width, height, title, desc, fixed=True)
     drawn = {k: v for k, v in series.items() if sum(x is not None for x in v) > 1}
     parts = [
         head,
-        f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="#fafafa" stroke="#ddd"/>',
-        _spark_scale(left, top, h),
+        f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="#fafafa"/>',
+        _axes(left, top, w, h, [0.0, 1.0], "", pct=True),
         _spark_key(list(drawn)),
     ]
     for name, s in drawn.items():
@@ -333,32 +329,20 @@ def sparkline(series: dict[str, Sequence[float | None]], title: str, desc: str) 
             for i, v in enumerate(s)
             if v is not None
         ]
-        parts.append(
-            f'<polyline points="{" ".join(pts)}" fill="none" '
-            f'stroke="{COLORS.get(name, "#444")}" '
-            f'stroke-width="1.5" stroke-dasharray="{DASHES.get(name, "")}"/>'
-        )
+        parts.append(_line(pts, COLORS.get(name, "#444"), DASHES.get(name, ""), 1.5))
     parts.append("</svg>")
     return "".join(parts)
-
-
-def _spark_scale(left: int, top: int, h: int) -> str:
-    return "".join(
-        f'<text x="{left - 3}" y="{_y(v, top, h, 1.0)}" class="lbl ytick" text-anchor="end" '
-        f'dominant-baseline="middle">{v:.0%}</text>'
-        for v in (0.0, 1.0)
-    )
 
 
 def _spark_key(names: Sequence[str]) -> str:
     """A line sample and a label per series, in one row above the plot."""
     out, x = [], 2.0
     for name in names:
-        label = SPARK_KEYS.get(name, name.replace("_", " "))
+        label = LABELS.get(name, name.replace("_", " "))
+        sample = [f"{x:.1f},8", f"{x + 16:.1f},8"]
         out.append(
-            f'<line x1="{x:.1f}" y1="8" x2="{x + 16:.1f}" y2="8" stroke="{COLORS.get(name, "#444")}" '
-            f'stroke-width="1.5" stroke-dasharray="{DASHES.get(name, "")}"/>'
-            f'<text x="{x + 20:.1f}" y="12" class="lbl key">{_esc(label)}</text>'
+            _line(sample, COLORS.get(name, "#444"), DASHES.get(name, ""), 1.5)
+            + f'<text x="{x + 20:.1f}" y="12" class="lbl key">{_esc(label)}</text>'
         )
         x += 30 + 5.6 * len(label)
     return "".join(out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from report.content import finding_summary
+from report.content import finding_summary, gpu_why, rec_text
 
 
 def render_text(doc: dict[str, Any]) -> str:
@@ -13,10 +13,8 @@ def render_text(doc: dict[str, Any]) -> str:
     header = f"{'node':<16} {'gpu':>3}  {'class':<12} {'conf':>4}  evidence"
     lines += [header, "-" * len(header)]
     for g in doc["gpus"]:
-        reason = g["evidence"][1] if len(g["evidence"]) > 1 else g["evidence"][0]
         lines.append(
-            f"{g['node']:<16} {g['gpu']:>3}  {g['class']:<12} {g['confidence']:>4.2f}  "
-            f"{g['evidence'][0]}; {reason}"
+            f"{g['node']:<16} {g['gpu']:>3}  {g['class']:<12} {g['confidence']:>4.2f}  {gpu_why(g)}"
         )
     counts: dict[str, int] = {}
     for g in doc["gpus"]:
@@ -24,7 +22,7 @@ def render_text(doc: dict[str, Any]) -> str:
     lines += ["", "GPUs by class: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
     lines += _findings_text(doc["findings"])
     lines += ["", f"recommendations: {len(doc['recommendations'])}"]
-    lines += [f"- [{r['kind']}] {r['summary']}" for r in doc["recommendations"]]
+    lines += [f"- [{r['kind']}] {rec_text(r, r['summary'])}" for r in doc["recommendations"]]
     lines += [f"- [{n['kind']}] not enough data: {n['reason']}" for n in doc["not_enough_data"]]
     return "\n".join(lines)
 

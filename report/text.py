@@ -11,7 +11,9 @@ from report import TOP_N
 from report.content import (
     coverage_lines,
     finding_summary,
+    has_data,
     headline,
+    rec_text,
     recommendation_fields,
     starved_by_cause,
     top_actions,
@@ -40,6 +42,8 @@ def _headline(console: Console, doc: dict[str, Any]) -> None:
     if not doc["summary"]["top_actions"]:
         console.print("  No findings.")
     console.print()
+    if not has_data(doc):
+        return
     real = Table(title="Utilization that is real", title_justify="left")
     for col in ("class", "utilization", "power / limit", "SM activity"):
         real.add_column(col, justify="right" if col != "class" else "left")
@@ -76,7 +80,7 @@ def _findings(console: Console, doc: dict[str, Any]) -> None:
 def _recommendations(console: Console, doc: dict[str, Any]) -> None:
     console.print("[bold]Recommendations[/bold]")
     for r in doc["recommendations"]:
-        console.print(f"- [bold]{r['kind']}[/bold]: {r['summary']}")
+        console.print(f"- [bold]{r['kind']}[/bold]: {rec_text(r, r['summary'])}")
         for x in recommendation_fields(r):
             console.print(f"    {x}")
     for n in doc["not_enough_data"]:

@@ -248,11 +248,15 @@ def test_time_sliced_co_tenants_slow_each_other_and_quiet_ones_do_not(tmp_path) 
     assert len(victims) == 2
     for f in noisy:
         assert f["resource"] == "gpu" and f["aggressor"] != f["victim"]
-        assert 0.3 <= f["slowdown_ratio"] <= 0.65  # two busy tenants halve each other
         assert f["start"].startswith("2026-11-16T0")
         assert f["correlation"] < -0.5
     measured = [f for f in noisy if not any("never ran alone" in e for e in f["evidence"])]
-    assert measured, "the tenant that ran alone first has a measured slowdown"
+    assert len(measured) == 1, "the tenant that ran alone first has a measured slowdown"
+    assert 0.3 <= measured[0]["slowdown_ratio"] <= 0.65  # two busy tenants halve each other
+    # The one that arrived later never ran alone: its slowdown is unknown, not its neighbour's
+    # (interference is asymmetric; issue #13, principle 7).
+    (unknown,) = [f for f in noisy if f not in measured]
+    assert unknown["slowdown_ratio"] is None
     # The slowdown's window is not counted again as starvation.
     assert not [f for f in findings(path, "starved") if f["gpu"] == 0 and f["cause"] == "unknown"]
 
