@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import duckdb
+import evalset  # bench/evalset.py, beside this script
 
 from analyzer.analysis import analyze
 from sim.engine import simulate
@@ -123,7 +124,33 @@ def main() -> int:
         )
     report("per GPU (overall class)", per_gpu)
     report("per 10 minutes of segment time", per_time)
+    print("\nthe independent set (bench/evalset.py: nvidia-smi captures no simulator made)")
+    scores = evalset.evaluate()
+    for line in evalset.report_lines(scores):
+        print("  " + line)
+    side_by_side(per_gpu, scores["classes"])
     return 0
+
+
+def side_by_side(per_gpu: Counter[tuple[str, str]], independent: dict[str, object]) -> None:
+    """The two sets' headline numbers in one table (the README's)."""
+    total = sum(per_gpu.values())
+    right = sum(v for (a, p), v in per_gpu.items() if a == p)
+    ti = {k: v for k, v in per_gpu.items() if k[0] in ("training", "inference")}
+    ti_right = sum(v for (a, p), v in ti.items() if a == p)
+    overall = independent["overall"]
+    tvi = independent["training_vs_inference"]
+    assert isinstance(overall, dict) and isinstance(tvi, dict)
+    print("\n| set | GPUs | accuracy | training vs inference |")
+    print("|---|---|---|---|")
+    print(
+        f"| simulator, held-out scenarios | {total} | {right / total:.3f} | "
+        f"{ti_right / max(sum(ti.values()), 1):.3f} |"
+    )
+    print(
+        f"| independent captures (bench/evalset.py) | {overall['total']} | "
+        f"{overall['accuracy']:.3f} | {tvi['accuracy']:.3f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -1417,6 +1417,30 @@ def report_lines(scores: dict[str, Any]) -> list[str]:
     return [*lines, "", "Findings", *_table(("check", "value"), checks)]
 
 
+def evaluate(seed: int = 7, out: Path | None = None) -> dict[str, Any]:
+    """Generate the set, import and analyze every case with the CLI, and score it: the scores
+    ``bench/classify.py`` and ``bench/findings.py`` print beside the simulator's."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = out or Path(tmp)
+        cases = generate(base / "captures", seed)
+        docs = run(cases, base / "stores")
+        return {"classes": score_classes(cases, docs), "findings": score_findings(cases, docs)}
+
+
+def checkpoint_series(scores: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint-frequency runs alone: true waiting against starved GPU-hours (the same
+    job at 1, 10, 100 and 1000 steps per checkpoint, so the hours are comparable)."""
+    rows = [r for r in scores["findings"]["starved"]["per_case"] if r["case"].startswith("ckpt")]
+    true = [r["true_waiting"] for r in rows]
+    return {
+        "rows": rows,
+        "spearman_gpu_hours": spearman(true, [r["starved_gpu_hours"] for r in rows]),
+        "spearman_findings_hours": spearman(true, [r["findings_gpu_hours_lost"] for r in rows]),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="where captures and stores go")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
+import evalset  # bench/evalset.py, beside this script
 
 from agent.attribution import pod_uid_from_cgroup, slurm_job_from_cgroup, systemd_unit_from_cgroup
 from analyzer.analysis import analyze
@@ -252,6 +253,16 @@ def main() -> int:
             tuned.add(evaluate(name, args.days))
         report("tuning scenarios (built-in)", tuned)
     print("\n" + straggler_oracle())
+    print("\nthe independent set (bench/evalset.py: nvidia-smi captures no simulator made)")
+    scores = evalset.evaluate()
+    for line in evalset.report_lines(scores):
+        print("  " + line)
+    series = evalset.checkpoint_series(scores)
+    print(
+        "  checkpoint every 1/10/100/1000 steps: Spearman(true waiting, starved GPU-hours) "
+        f"{series['spearman_gpu_hours']}, (true waiting, findings' GPU-hours) "
+        f"{series['spearman_findings_hours']}"
+    )
     print("\nstarved GPU-hours of one 8xH100 job by checkpoint cadence (1 day, 3-min stalls):")
     for every, util, lost, measured in checkpoint_cadence(1.0):
         print(

@@ -53,7 +53,9 @@ def test_trailing_analysis_gauges(tmp_path: Path) -> None:
     starved = {s.labels["gpu"]: s for s in _samples(text, "aiscope_gpu_starved_ratio")}
     assert set(starved) == {"1", "2", "3"}  # only GPUs held by training or batch work
     assert starved["1"].labels["cause"] == "communication"
-    assert 0.2 <= starved["1"].value <= 0.5  # 40 of 120 minutes at a third of fed power
+    # 40 of 120 minutes at a third of fed power above idle (the H100's 70 W idle, from the
+    # datasheet table), less the 10% collective allowance: (1 - 0.33 - 0.10) * 40 / 120.
+    assert 0.15 <= starved["1"].value <= 0.5
     assert not _samples(text, "aiscope_noisy_neighbor_slowdown_ratio")  # none found: no series
     assert _samples(text, "aiscope_analysis_last_run_timestamp_seconds")
     promtool = require_tool("promtool")
