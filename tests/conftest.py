@@ -68,3 +68,29 @@ def require_tool(name: str) -> str:
     if os.environ.get("AISCOPE_REQUIRE_TOOLS"):
         pytest.fail(f"{name} is required in CI (AISCOPE_REQUIRE_TOOLS is set) but not installed")
     pytest.skip(f"{name} not installed")
+
+
+# -- simulated stores shared by the whole session (simulation is deterministic for a seed, and the
+# tests only read them): each is simulated once, not once per test module.
+
+
+@pytest.fixture(scope="session")
+def training_multinode_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``training-multinode`` for 0.3 simulated days."""
+    from sim.engine import simulate
+    from sim.scenario import load
+
+    path = tmp_path_factory.mktemp("shared-sim") / "training-multinode.duckdb"
+    simulate(load("training-multinode"), path, days=0.3)
+    return path
+
+
+@pytest.fixture(scope="session")
+def inference_day_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``inference-diurnal`` for one simulated day."""
+    from sim.engine import simulate
+    from sim.scenario import load
+
+    path = tmp_path_factory.mktemp("shared-sim") / "inference-diurnal.duckdb"
+    simulate(load("inference-diurnal"), path, days=1.0)
+    return path

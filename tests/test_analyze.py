@@ -14,19 +14,16 @@ import pytest
 from agent.schema import ALL_RECORDS, ROLLUP_COLUMNS
 from analyzer.analysis import analyze, parse_duration
 from analyzer.load import InputError
-from sim.engine import simulate
-from sim.scenario import load
 from tests.conftest import REPO
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory) -> tuple[Path, list[Path]]:
+def fleet(tmp_path_factory, training_multinode_store: Path) -> tuple[Path, list[Path]]:
     """One simulated store, and the same data split into one store per node."""
     base = tmp_path_factory.mktemp("fleet")
-    whole = base / "whole.duckdb"
-    simulate(load("training-multinode"), whole, days=0.3)
+    whole = training_multinode_store
     parts = []
     con = duckdb.connect(str(whole), read_only=True)
     nodes = [r[0] for r in con.execute("SELECT DISTINCT node FROM devices ORDER BY 1").fetchall()]

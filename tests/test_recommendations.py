@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -151,10 +152,8 @@ def test_split_pools_add_up_and_carry_a_policy(serving: dict) -> None:
     )
 
 
-def test_short_history_says_not_enough_data(tmp_path) -> None:
-    path = tmp_path / "s.duckdb"
-    simulate(load_scenario("inference-diurnal"), path, days=1)
-    doc = analyze([str(path)], since="7d")
+def test_short_history_says_not_enough_data(inference_day_store: Path) -> None:
+    doc = analyze([str(inference_day_store)], since="7d")
     assert not [r for r in doc["recommendations"] if r["kind"] == "reservation"]
     (reason,) = [n["reason"] for n in doc["not_enough_data"] if n["kind"] == "reservation"]
     assert "days of history" in reason

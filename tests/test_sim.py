@@ -33,17 +33,13 @@ def _diff(xs: list[float]) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def training_store(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("sim") / "training.duckdb"
-    simulate(load("training-multinode"), path, days=0.3)
-    return path
+def training_store(training_multinode_store: Path) -> Path:
+    return training_multinode_store
 
 
 @pytest.fixture(scope="module")
-def inference_store(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("sim") / "inference.duckdb"
-    simulate(load("inference-diurnal"), path, days=1.0)
-    return path
+def inference_store(inference_day_store: Path) -> Path:
+    return inference_day_store
 
 
 def _series(path: Path, sql: str, params: list[object]) -> dict[object, list[float]]:
