@@ -60,9 +60,13 @@ def build_agent(
         host = live.host_reader(config.node)
         procs = live.proc_reader()
     elif virtual_gpus:
+        from sim.profiles import UnknownModel  # noqa: PLC0415
         from sim.synthetic import synthetic_library  # noqa: PLC0415
 
-        library = synthetic_library(virtual_gpus, clock=time.time, model=virtual_model)
+        try:
+            library = synthetic_library(virtual_gpus, clock=time.time, model=virtual_model)
+        except UnknownModel as exc:
+            raise UnknownModel(f"--virtual-model: {exc}") from None
     store = Store(
         config.store,
         buffer_capacity_rows=config.buffer_rows,

@@ -331,3 +331,31 @@ def test_simulate_list_and_a_short_run(tmp_path: Path) -> None:
         ("video-io-bound", "communication"),
         ("video-io-bound", "input_io"),
     ]
+
+
+def test_every_error_has_one_root_and_an_exit_code() -> None:
+    """Every exception class of ours derives from AiscopeError, whose exit code the CLI maps in
+    one place: 2 for bad input, 1 for the rest (issue #12)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from agent.errors import AiscopeError, BadInput
+
+    found = []
+    for package in ("agent", "analyzer", "sim", "report", "aiscope"):
+        root = importlib.import_module(package)
+        names = [package] + [
+            f"{package}.{m.name}"
+            for m in pkgutil.walk_packages(root.__path__)
+            if not m.ispkg and m.name != "__main__"
+        ]
+        for name in names:
+            module = importlib.import_module(name)
+            for _, cls in inspect.getmembers(module, inspect.isclass):
+                if issubclass(cls, BaseException) and cls.__module__ == name:
+                    found.append(cls)
+    assert len(found) >= 14
+    for cls in found:
+        assert issubclass(cls, AiscopeError), cls
+        assert cls.exit_code == (2 if issubclass(cls, BadInput) else 1), cls
