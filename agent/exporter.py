@@ -27,6 +27,7 @@ from agent.errors import Failure
 from agent.schema import Device, GpuAnalysis, GpuSample
 from agent.snapshot import GpuProcess, Snapshot
 from agent.store import StoreStats
+from agent.vocabulary import DCGM_GAUGES, DCGM_LABELS
 
 GPU_LABELS = ("node", "gpu", "uuid", "model", "pod_uid", "container_id", "slurm_job_id")
 
@@ -493,100 +494,6 @@ def _cgroups(snap: Snapshot) -> Iterator[Metric]:
             limit.add_metric([snap.node, c.cgroup], c.cpu_limit_cores)
     yield used
     yield limit
-
-
-#: dcgm-exporter's names, units and labels, for dashboards built on it (NVIDIA's Grafana
-#: dashboard 12239). Source: a real dcgm-exporter scrape (shared/data/dcgm-exporter-scrape) and
-#: dcgm-exporter's default counters CSV. (record field, DCGM name, scale to DCGM's unit, help)
-DCGM_GAUGES: tuple[tuple[str, str, float, str], ...] = (
-    ("utilization_gpu_ratio", "DCGM_FI_DEV_GPU_UTIL", 100.0, "GPU utilization (in %)."),
-    ("utilization_memory_ratio", "DCGM_FI_DEV_MEM_COPY_UTIL", 100.0, "Memory utilization (in %)."),
-    (
-        "memory_used_bytes",
-        "DCGM_FI_DEV_FB_USED",
-        1.0 / (1 << 20),
-        "Framebuffer memory used (in MiB).",
-    ),
-    (
-        "memory_free_bytes",
-        "DCGM_FI_DEV_FB_FREE",
-        1.0 / (1 << 20),
-        "Framebuffer memory free (in MiB).",
-    ),
-    (
-        "memory_reserved_bytes",
-        "DCGM_FI_DEV_FB_RESERVED",
-        1.0 / (1 << 20),
-        "Framebuffer memory reserved (in MiB).",
-    ),
-    ("power_watts", "DCGM_FI_DEV_POWER_USAGE", 1.0, "Power draw (in W)."),
-    (
-        "energy_joules",
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        1000.0,
-        "Total energy consumption since boot (in mJ).",
-    ),
-    ("temperature_celsius", "DCGM_FI_DEV_GPU_TEMP", 1.0, "GPU temperature (in C)."),
-    ("sm_clock_hertz", "DCGM_FI_DEV_SM_CLOCK", 1e-6, "SM clock frequency (in MHz)."),
-    ("memory_clock_hertz", "DCGM_FI_DEV_MEM_CLOCK", 1e-6, "Memory clock frequency (in MHz)."),
-    (
-        "clock_event_reasons",
-        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
-        1.0,
-        "Current clock throttle reasons (bitmask).",
-    ),
-    (
-        "sm_active_ratio",
-        "DCGM_FI_PROF_SM_ACTIVE",
-        1.0,
-        "Ratio of cycles an SM has at least 1 warp assigned.",
-    ),
-    ("sm_occupancy_ratio", "DCGM_FI_PROF_SM_OCCUPANCY", 1.0, "Ratio of warps resident on an SM."),
-    (
-        "tensor_active_ratio",
-        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-        1.0,
-        "Ratio of cycles the tensor pipe is active.",
-    ),
-    (
-        "dram_active_ratio",
-        "DCGM_FI_PROF_DRAM_ACTIVE",
-        1.0,
-        "Ratio of cycles the device memory interface is active.",
-    ),
-    (
-        "pcie_tx_bytes_per_second",
-        "DCGM_FI_PROF_PCIE_TX_BYTES",
-        1.0,
-        "The rate of data transmitted over the PCIe bus (bytes/s).",
-    ),
-    (
-        "pcie_rx_bytes_per_second",
-        "DCGM_FI_PROF_PCIE_RX_BYTES",
-        1.0,
-        "The rate of data received over the PCIe bus (bytes/s).",
-    ),
-    (
-        "nvlink_tx_bytes_per_second",
-        "DCGM_FI_PROF_NVLINK_TX_BYTES",
-        1.0,
-        "The rate of data transmitted over NVLink (bytes/s).",
-    ),
-    (
-        "nvlink_rx_bytes_per_second",
-        "DCGM_FI_PROF_NVLINK_RX_BYTES",
-        1.0,
-        "The rate of data received over NVLink (bytes/s).",
-    ),
-)
-DCGM_LABELS = (
-    "gpu",
-    "UUID",
-    "device",
-    "modelName",
-    "Hostname",
-    "DCGM_FI_DRIVER_VERSION",
-)
 
 
 class DcgmCompatCollector(Collector):
