@@ -334,3 +334,15 @@ def test_real_prometheus_scrapes_the_agent_and_loads_the_rules(tmp_path: Path) -
         server.wait(timeout=30)
         agent.wait(timeout=30)
     assert shutil.which("prometheus")
+
+
+def test_the_image_copies_every_package() -> None:
+    """The container installs the project from the packages it copies: each of the rooms."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    for pattern in include:
+        package = pattern.rstrip("*")
+        assert f"COPY {package} ./{package}\n" in dockerfile, package
