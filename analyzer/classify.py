@@ -39,6 +39,7 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent.schema import GpuClass
 from analyzer.load import Bucket, FleetData, GpuInfo
@@ -265,7 +266,7 @@ def _features(span: _Span, data: FleetData, th: Thresholds, recurring: int) -> F
     loads = [v for x in b if (v := _load(x, ref)) is not None]
     active = [a for x in b if (a := _active(x, ref, th)) is not None]
     busy_at = th.busy_util_ratio if source == "utilization" else th.busy_power_ratio
-    f: dict[str, object] = {"hours": hours, "samples": samples, "load_source": source}
+    f: dict[str, Any] = {"hours": hours, "samples": samples, "load_source": source}
     if loads and source != "none":
         f |= {
             "load_median": statistics.median(loads),
@@ -288,10 +289,10 @@ def _features(span: _Span, data: FleetData, th: Thresholds, recurring: int) -> F
     f["night"] = sum(1 for x in b if _hour(x.start) >= 20.0 or _hour(x.start) < 8.0) / len(b)
     f["recurring"] = recurring
     f["bounded"] = span.start > data.window_start + step and span.end + 2 * step < data.window_end
-    return Features(**f)  # type: ignore[arg-type]
+    return Features(**f)
 
 
-def _gaps(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str, object]:
+def _gaps(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str, Any]:
     """Idle stretches inside the span, sessions of activity, and activity by hour of day."""
     longest, run, sessions, hours = 0, 0, 0, set()
     gap_buckets = max(int(th.session_gap_seconds // step), 1)
@@ -304,7 +305,7 @@ def _gaps(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str
         else:
             run += 1
             longest = max(longest, run)
-    out: dict[str, object] = {
+    out: dict[str, Any] = {
         "longest_gap_hours": longest * step / 3600.0,
         "sessions": sessions,
     }
@@ -319,12 +320,12 @@ def _gaps(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str
     return out
 
 
-def _memory(b: list[Bucket], ref: PowerRef, loads: list[float]) -> dict[str, object]:
+def _memory(b: list[Bucket], ref: PowerRef, loads: list[float]) -> dict[str, Any]:
     memory = [x.memory_bytes for x in b if x.memory_bytes is not None]
     if not memory:
         return {}
     mean = statistics.fmean(memory)
-    out: dict[str, object] = {
+    out: dict[str, Any] = {
         "memory_gib": statistics.median(memory) / (1 << 30),
         "memory_cv": statistics.pstdev(memory) / max(mean, 1.0),
     }
@@ -336,12 +337,12 @@ def _memory(b: list[Bucket], ref: PowerRef, loads: list[float]) -> dict[str, obj
     return out
 
 
-def _power(b: list[Bucket], ref: PowerRef, th: Thresholds) -> dict[str, object]:
+def _power(b: list[Bucket], ref: PowerRef, th: Thresholds) -> dict[str, Any]:
     power = [x.power_watts for x in b if x.power_watts is not None]
     if not power or not ref.limit_watts:
         return {}
     limit = ref.limit_watts
-    out: dict[str, object] = {"power_ratio": statistics.median(power) / limit}
+    out: dict[str, Any] = {"power_ratio": statistics.median(power) / limit}
     pairs = [
         (x.util, x.power_watts / limit)
         for x in b
