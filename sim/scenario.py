@@ -75,8 +75,10 @@ def describe_builtins() -> list[tuple[str, str]]:
 
 
 def resolve(name_or_path: str) -> Path:
+    """A built-in scenario's file, or the path given. A built-in name wins over a directory of
+    the same name in the working directory (``aiscope demo`` run where ``./demo/`` exists)."""
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
+    if path.suffix == ".toml" or path.is_file():
         if not path.exists():
             raise ScenarioError(f"{path}: no such scenario file")
         return path

@@ -301,3 +301,10 @@ def test_an_unmodified_nvml_consumer_sees_the_virtual_gpus() -> None:
     assert all(g["utilization.gpu"] > 10 for g in gpus[:4])
     assert abs(gpus[0]["memory.used"] / 81920 - 0.90) < 0.02
     assert gpus[5]["memory.used"] == 0 and gpus[7]["memory.used"] > 20000
+
+
+def test_a_builtin_name_wins_over_a_directory_of_that_name(tmp_path, monkeypatch) -> None:
+    """`aiscope demo` run in a directory that has a `demo/` folder still finds the scenario."""
+    (tmp_path / "demo").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert load("demo").name
