@@ -404,7 +404,8 @@ class Store:
     def staging(self, record: type[Any]) -> Iterator[Stage]:
         """Stage rows of ``record`` in memory, then merge them into the store in one transaction,
         skipping rows already stored (same node, GPU, timestamp and source; for process samples
-        also the pid). ``last_merge_written`` and ``last_merge_skipped`` tell what happened.
+        also the pid; for events, which have no source, the kind instead).
+        ``last_merge_written`` and ``last_merge_skipped`` tell what happened.
 
         Used by imports: a file imported twice adds nothing the second time.
         """
@@ -414,7 +415,7 @@ class Store:
         try:
             yield Stage(con, columns(record))
             cols = columns(record)
-            key = ["node", "uuid", "ts", "source"] + (["pid"] if "pid" in cols else [])
+            key = ["node", "uuid", "ts"] + [k for k in ("source", "pid", "kind") if k in cols]
             on = " AND ".join(f"t.{k} = s.{k}" for k in key)
             with self._write_lock, self._writer() as db:
                 db.execute("BEGIN TRANSACTION")

@@ -8,6 +8,8 @@ dcgm-exporter scrape (shared/data/dcgm-exporter-scrape) and dcgm-exporter's defa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 #: dcgm-exporter's names, units and labels, for dashboards built on it (NVIDIA's Grafana
 #: dashboard 12239). Source: a real dcgm-exporter scrape (shared/data/dcgm-exporter-scrape) and
 #: dcgm-exporter's default counters CSV. (record field, DCGM name, scale to DCGM's unit, help)
@@ -123,3 +125,173 @@ def to_aiscope(dcgm_name: str) -> tuple[str, float] | None:
         if dcgm == name:
             return field, 1.0 / scale
     return None
+
+
+#: Labels dcgm-exporter adds for a MIG instance: its profile (``1g.10gb``) and GPU instance id.
+#: The importer stores an instance as its own device, uuid ``<parent UUID>/gi<GPU_I_ID>``.
+DCGM_MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
+#: Labels dcgm-exporter adds in Kubernetes (``--kubernetes``) and for HPC jobs
+#: (``--hpc-job-mapping-dir``): who held the GPU at the scrape.
+DCGM_HOLDER_LABELS = ("namespace", "pod", "container", "hpc_job")
+#: Labels that identify the GPU itself, besides ``gpu``, ``UUID`` and ``modelName``.
+DCGM_DEVICE_LABELS = ("pci_bus_id", "DCGM_FI_DRIVER_VERSION")
+
+
+def mig_uuid(parent_uuid: str, gpu_instance_id: int | str) -> str:
+    """The uuid aiscope stores a MIG instance under: its parent's and its GPU instance id
+    (``GPU-…/gi3``). NVML's own ``MIG-…`` uuids are not in dcgm-exporter's labels or in older
+    ``nvidia-smi -q -x`` dumps, and this one stays the same across both importers."""
+    return f"{parent_uuid}/gi{gpu_instance_id}"
+
+
+def mig_name(parent_name: str | None, profile: str | None) -> str | None:
+    """A MIG instance's device name, as NVML writes it: ``NVIDIA A100-SXM4-80GB MIG 1g.10gb``
+    (``… MIG`` alone when the profile is not known)."""
+    if parent_name is None:
+        return None
+    return f"{parent_name} MIG {profile}" if profile else f"{parent_name} MIG"
+
+
+# -- reading a Prometheus server (agent.promread): both vocabularies as one table -----------------
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesVocabulary:
+    """How one family of GPU series names its metrics and labels, for reading them back.
+
+    ``gauges`` are ``(GpuSample field, series, factor from the series' unit to aiscope's)``;
+    ``device_gauges`` are ``(series, Device field, factor)``; ``host`` are ``(HostSample field,
+    series, extra label matchers)`` for host series that carry ``node_label``. ``missing`` names
+    what this vocabulary never has, for the analysis document's ``source`` note.
+    """
+
+    name: str
+    anchor: str
+    gauges: tuple[tuple[str, str, float], ...]
+    device_gauges: tuple[tuple[str, str, float], ...]
+    xid: str
+    xid_is_counter: bool
+    node_label: str
+    gpu_label: str
+    uuid_label: str
+    model_label: str
+    holder_labels: tuple[tuple[str, str], ...]  # (label, role: namespace|pod|container|job)
+    host: tuple[tuple[str, str, str], ...] = ()
+    network: tuple[tuple[str, str], ...] = ()  # (series, rx|tx), labels node, kind, device
+    missing: tuple[str, ...] = ()
+
+
+#: aiscope's own series, as ``agent.exporter`` serves them (a test keeps the two in step).
+AISCOPE_GAUGES: tuple[tuple[str, str], ...] = (
+    ("utilization_gpu_ratio", "aiscope_gpu_utilization_ratio"),
+    ("utilization_memory_ratio", "aiscope_gpu_memory_utilization_ratio"),
+    ("memory_used_bytes", "aiscope_gpu_memory_used_bytes"),
+    ("memory_free_bytes", "aiscope_gpu_memory_free_bytes"),
+    ("memory_reserved_bytes", "aiscope_gpu_memory_reserved_bytes"),
+    ("power_watts", "aiscope_gpu_power_watts"),
+    ("temperature_celsius", "aiscope_gpu_temperature_celsius"),
+    ("sm_clock_hertz", "aiscope_gpu_sm_clock_hertz"),
+    ("memory_clock_hertz", "aiscope_gpu_memory_clock_hertz"),
+    ("clock_event_reasons", "aiscope_gpu_clock_event_reasons"),
+    ("pcie_tx_bytes_per_second", "aiscope_gpu_pcie_transmit_bytes_per_second"),
+    ("pcie_rx_bytes_per_second", "aiscope_gpu_pcie_receive_bytes_per_second"),
+    ("nvlink_tx_bytes_per_second", "aiscope_gpu_nvlink_transmit_bytes_per_second"),
+    ("nvlink_rx_bytes_per_second", "aiscope_gpu_nvlink_receive_bytes_per_second"),
+    ("sm_active_ratio", "aiscope_gpu_sm_active_ratio"),
+    ("sm_occupancy_ratio", "aiscope_gpu_sm_occupancy_ratio"),
+    ("tensor_active_ratio", "aiscope_gpu_tensor_active_ratio"),
+    ("dram_active_ratio", "aiscope_gpu_dram_active_ratio"),
+)
+AISCOPE_HOST_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("cpu_busy_ratio", "aiscope_host_cpu_busy_ratio", ""),
+    ("cpu_iowait_ratio", "aiscope_host_cpu_iowait_ratio", ""),
+    ("cpu_steal_ratio", "aiscope_host_cpu_steal_ratio", ""),
+    ("load1", "aiscope_host_load1", ""),
+    ("memory_used_bytes", "aiscope_host_memory_used_bytes", ""),
+    ("memory_available_bytes", "aiscope_host_memory_available_bytes", ""),
+    ("disk_read_bytes_per_second", "aiscope_host_disk_read_bytes_per_second", ""),
+    ("disk_write_bytes_per_second", "aiscope_host_disk_write_bytes_per_second", ""),
+    ("psi_cpu_some_ratio", "aiscope_host_pressure_ratio", 'resource="cpu",kind="some"'),
+    ("psi_io_some_ratio", "aiscope_host_pressure_ratio", 'resource="io",kind="some"'),
+    ("psi_io_full_ratio", "aiscope_host_pressure_ratio", 'resource="io",kind="full"'),
+    ("psi_memory_some_ratio", "aiscope_host_pressure_ratio", 'resource="memory",kind="some"'),
+    ("psi_memory_full_ratio", "aiscope_host_pressure_ratio", 'resource="memory",kind="full"'),
+)
+
+AISCOPE_VOCABULARY = SeriesVocabulary(
+    name="aiscope",
+    anchor="aiscope_gpu_utilization_ratio",
+    gauges=tuple((field, name, 1.0) for field, name in AISCOPE_GAUGES),
+    device_gauges=(
+        ("aiscope_gpu_power_limit_watts", "power_limit_watts", 1.0),
+        ("aiscope_gpu_memory_total_bytes", "memory_total_bytes", 1.0),
+    ),
+    xid="aiscope_gpu_xid_errors",
+    xid_is_counter=True,
+    node_label="node",
+    gpu_label="gpu",
+    uuid_label="uuid",
+    model_label="model",
+    holder_labels=(("pod_uid", "pod"), ("slurm_job_id", "job")),
+    host=AISCOPE_HOST_GAUGES,
+    network=(
+        ("aiscope_host_network_receive_bytes_per_second", "rx"),
+        ("aiscope_host_network_transmit_bytes_per_second", "tx"),
+    ),
+    missing=("process command lines (the exporter labels GPUs, not processes)",),
+)
+DCGM_VOCABULARY = SeriesVocabulary(
+    name="dcgm",
+    anchor="DCGM_FI_DEV_GPU_UTIL",
+    gauges=tuple((field, name, 1.0 / scale) for field, name, scale, _ in DCGM_GAUGES)
+    + tuple(
+        (field, alias, factor)
+        for alias, name in DCGM_ALIASES
+        for field, factor in [to_aiscope(name) or ("", 1.0)]
+        if field
+    ),
+    device_gauges=tuple((name, field, 1.0 / scale) for name, field, scale in DCGM_DEVICE_GAUGES),
+    xid=DCGM_XID,
+    xid_is_counter=False,
+    node_label="Hostname",
+    gpu_label="gpu",
+    uuid_label="UUID",
+    model_label="modelName",
+    holder_labels=(
+        ("namespace", "namespace"),
+        ("pod", "pod"),
+        ("container", "container"),
+        ("hpc_job", "job"),
+    ),
+    missing=(
+        "per-process data (dcgm-exporter reports GPUs, not processes)",
+        "host series unless node_exporter is scraped too",
+    ),
+)
+SERIES_VOCABULARIES: dict[str, SeriesVocabulary] = {
+    v.name: v for v in (AISCOPE_VOCABULARY, DCGM_VOCABULARY)
+}
+
+#: node_exporter's host series, read where a vocabulary has none of its own (dcgm-exporter):
+#: (HostSample field, how: ``idle_busy`` / ``cpu_share`` / ``count`` over node_cpu_seconds_total,
+#: ``rate`` of a counter in seconds (PSI) or bytes, ``gauge``; series, extra label matchers).
+NODE_EXPORTER_HOST: tuple[tuple[str, str, str, str], ...] = (
+    ("cpu_busy_ratio", "idle_busy", "node_cpu_seconds_total", 'mode=~"idle|iowait"'),
+    ("cpu_iowait_ratio", "cpu_share", "node_cpu_seconds_total", 'mode="iowait"'),
+    ("cpu_steal_ratio", "cpu_share", "node_cpu_seconds_total", 'mode="steal"'),
+    ("cpu_count", "count", "node_cpu_seconds_total", 'mode="idle"'),
+    ("load1", "gauge", "node_load1", ""),
+    ("memory_available_bytes", "gauge", "node_memory_MemAvailable_bytes", ""),
+    ("psi_cpu_some_ratio", "rate", "node_pressure_cpu_waiting_seconds_total", ""),
+    ("psi_io_some_ratio", "rate", "node_pressure_io_waiting_seconds_total", ""),
+    ("psi_io_full_ratio", "rate", "node_pressure_io_stalled_seconds_total", ""),
+    ("psi_memory_some_ratio", "rate", "node_pressure_memory_waiting_seconds_total", ""),
+    ("psi_memory_full_ratio", "rate", "node_pressure_memory_stalled_seconds_total", ""),
+    ("disk_read_bytes_per_second", "rate", "node_disk_read_bytes_total", ""),
+    ("disk_write_bytes_per_second", "rate", "node_disk_written_bytes_total", ""),
+)
+#: node_exporter's InfiniBand port counters (bytes; labels device, port): (series, rx|tx).
+NODE_EXPORTER_INFINIBAND: tuple[tuple[str, str], ...] = (
+    ("node_infiniband_port_data_received_bytes_total", "rx"),
+    ("node_infiniband_port_data_transmitted_bytes_total", "tx"),
+)

@@ -302,6 +302,101 @@ def import_nvidia_smi(
     )
 
 
+@import_app.command("dcgm")
+def import_dcgm_command(
+    files: Annotated[
+        list[Path],
+        typer.Argument(metavar="FILE", help="dcgm-exporter scrapes, or directories of them."),
+    ],
+    store: Annotated[Path | None, typer.Option(help="Store file or directory to write.")] = None,
+    node: Annotated[
+        str | None,
+        typer.Option(help="Node name (default: the Hostname label, else the file's name)."),
+    ] = None,
+    interval: Annotated[
+        float,
+        typer.Option(help="Seconds between concatenated scrapes that carry no timestamps."),
+    ] = 30.0,
+) -> None:
+    """Load dcgm-exporter scrapes (Prometheus text format) into a store.
+
+    One scrape or many concatenated per file, with or without sample timestamps; a directory
+    stands for the scrape files in it. Without timestamps a new scrape starts where a series
+    repeats; the last one is at the file's modification time, the others --interval seconds
+    apart before it. MIG instances become devices of their own (<parent UUID>/gi<GPU_I_ID>);
+    pod and hpc_job labels say who held the GPU. Importing a file twice adds nothing.
+
+    \b
+    Capture with:
+      while sleep 30; do curl -s localhost:9400/metrics; done >> node1.prom
+    \b
+    Examples:
+      aiscope import dcgm node1.prom --store fleet.duckdb
+      aiscope import dcgm /var/log/dcgm-scrapes/ --store node1.duckdb --node node1
+      aiscope import dcgm scrapes.prom --interval 15 --store node1.duckdb
+    """
+    from agent.config import default_store, resolve_store  # noqa: PLC0415
+    from agent.import_dcgm import import_dcgm  # noqa: PLC0415
+    from agent.store import Store  # noqa: PLC0415
+
+    path = resolve_store(store) if store else default_store()
+    writer = Store(path)
+    try:
+        result = import_dcgm(list(files), writer, node, interval)
+    finally:
+        writer.close()
+    typer.echo(
+        f"imported {result.samples_written} GPU samples and {result.processes_written} holder "
+        f"samples for {len(result.gpus)} GPUs from {result.files} file(s) into {path}; "
+        f"{result.duplicates} already stored, {result.malformed} malformed lines skipped"
+    )
+
+
+@import_app.command("nvidia-smi-xml")
+def import_nvidia_smi_xml(
+    files: Annotated[
+        list[Path], typer.Argument(metavar="FILE", help="nvidia-smi -q -x dumps (one or many).")
+    ],
+    store: Annotated[Path | None, typer.Option(help="Store file or directory to write.")] = None,
+    node: Annotated[
+        str | None, typer.Option(help="Node name for the samples (default: each file's name).")
+    ] = None,
+    utc_offset: Annotated[
+        float, typer.Option(help="Hours the capturing machine's clock was ahead of UTC.")
+    ] = 0.0,
+) -> None:
+    """Load nvidia-smi -q -x dumps (one or many concatenated per file) into a store.
+
+    Every driver generation's layout; one sample per GPU per dump at its <timestamp>, device
+    rows (name, memory, power limit, MIG mode, driver), MIG instances as devices of their own
+    and processes with their memory. N/A values are missing, never zero. Importing a file twice
+    adds nothing.
+
+    \b
+    Capture with:
+      nvidia-smi -q -x -l 60 >> node1.xml
+    \b
+    Examples:
+      aiscope import nvidia-smi-xml node1.xml --store fleet.duckdb
+      aiscope import nvidia-smi-xml dumps/*.xml --store node1.duckdb --node node1 --utc-offset 2
+    """
+    from agent.config import default_store, resolve_store  # noqa: PLC0415
+    from agent.import_xml import import_xml  # noqa: PLC0415
+    from agent.store import Store  # noqa: PLC0415
+
+    path = resolve_store(store) if store else default_store()
+    writer = Store(path)
+    try:
+        result = import_xml(list(files), writer, node, utc_offset)
+    finally:
+        writer.close()
+    typer.echo(
+        f"imported {result.samples_written} GPU samples and {result.processes_written} process "
+        f"samples for {len(result.gpus)} GPUs from {result.files} file(s) into {path}; "
+        f"{result.duplicates} already stored, {result.malformed} malformed elements skipped"
+    )
+
+
 #: Options that analyze and report share.
 SinceOption = Annotated[str, typer.Option(help="Window length, ending at the newest sample.")]
 WaitOption = Annotated[float, typer.Option(help="Seconds to wait for an agent to release a store.")]
@@ -309,6 +404,93 @@ ThresholdsOption = Annotated[
     Path | None,
     typer.Option(help="TOML file whose [thresholds] table overrides the findings' defaults."),
 ]
+PrometheusOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Read the window from this Prometheus-compatible server (Prometheus, Thanos, "
+        "Mimir, VictoriaMetrics) instead of --store: aiscope_* series, else DCGM_FI_*.",
+        rich_help_panel="Prometheus",
+    ),
+]
+MatchOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--match",
+        help="Series selector ANDed into every query, e.g. '{cluster=\"a\"}' (repeatable).",
+        rich_help_panel="Prometheus",
+    ),
+]
+VocabularyOption = Annotated[
+    str,
+    typer.Option(
+        "--prometheus-vocabulary",
+        help="auto (aiscope_* when present, else DCGM_FI_*), aiscope or dcgm.",
+        rich_help_panel="Prometheus",
+    ),
+]
+TokenFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--prometheus-bearer-token-file",
+        help="File holding a bearer token.",
+        rich_help_panel="Prometheus",
+    ),
+]
+BasicAuthOption = Annotated[
+    str | None,
+    typer.Option(
+        "--prometheus-basic-auth",
+        metavar="USER:PASSWORD_FILE",
+        help="Basic authentication; the password is read from PASSWORD_FILE.",
+        rich_help_panel="Prometheus",
+    ),
+]
+HeaderOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--prometheus-header",
+        help="Extra request header 'Name: value' (repeatable), e.g. 'X-Scope-OrgID: team-a'.",
+        rich_help_panel="Prometheus",
+    ),
+]
+CaFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--prometheus-ca-file",
+        help="CA bundle to verify the server's TLS certificate.",
+        rich_help_panel="Prometheus",
+    ),
+]
+
+
+def _source(
+    url: str | None,
+    store: list[str] | None,
+    match: list[str] | None,
+    vocabulary: str,
+    token_file: Path | None,
+    basic_auth: str | None,
+    header: list[str] | None,
+    ca_file: Path | None,
+) -> Any:
+    """The ``--prometheus`` source, or ``None`` for the store path; both given is bad usage."""
+    if url is None:
+        if match or header or token_file or basic_auth or ca_file:
+            raise BadInput("--match and --prometheus-* options need --prometheus URL")
+        return None
+    if store:
+        raise BadInput("give --store or --prometheus, not both")
+    from agent.promread import PrometheusSource  # noqa: PLC0415
+
+    return PrometheusSource(
+        url=url,
+        matchers=tuple(match or ()),
+        vocabulary=vocabulary,
+        bearer_token_file=token_file,
+        basic_auth=basic_auth,
+        headers=tuple(header or ()),
+        ca_file=ca_file,
+    )
 
 
 @app.command("analyze")
@@ -321,6 +503,13 @@ def analyze_command(
     output_format: Annotated[str, typer.Option("--format", help="json or text.")] = "json",
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
+    prometheus: PrometheusOption = None,
+    match: MatchOption = None,
+    prometheus_vocabulary: VocabularyOption = "auto",
+    prometheus_bearer_token_file: TokenFileOption = None,
+    prometheus_basic_auth: BasicAuthOption = None,
+    prometheus_header: HeaderOption = None,
+    prometheus_ca_file: CaFileOption = None,
 ) -> None:
     """Classify what every GPU was doing, and find starved, noisy-neighbour and idle-held GPUs.
 
@@ -334,24 +523,44 @@ def analyze_command(
       aiscope analyze --store 'fleet/*.duckdb' --since 24h > analysis.json
       aiscope analyze --store node1.duckdb --store node2.duckdb
       aiscope analyze --store fleet/ --config /etc/aiscope/aiscope.toml
+      aiscope analyze --prometheus http://prometheus:9090 --match '{cluster="a"}' --since 24h
+      aiscope analyze --prometheus https://mimir/prometheus --prometheus-header 'X-Scope-OrgID: a'
     """
     from report.table import render_text  # noqa: PLC0415
 
     if output_format not in ("json", "text"):
         raise BadInput(f"--format: expected json or text, got {output_format!r}")
-    doc = _analysis(store, since, wait, config)
+    source = _source(
+        prometheus,
+        store,
+        match,
+        prometheus_vocabulary,
+        prometheus_bearer_token_file,
+        prometheus_basic_auth,
+        prometheus_header,
+        prometheus_ca_file,
+    )
+    doc = _analysis(store, since, wait, config, source)
     typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
 
 
 def _analysis(
-    store: list[str] | None, since: str, wait: float, config: Path | None
+    store: list[str] | None, since: str, wait: float, config: Path | None, source: Any = None
 ) -> dict[str, Any]:
-    """The analysis document of the stores (``--store``, else the default store)."""
+    """The analysis document of the stores (``--store``, else the default store), or of the
+    ``--prometheus`` server (``source``)."""
     from agent.config import default_store  # noqa: PLC0415
     from analyzer.analysis import analyze  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
 
     thresholds = from_file(config)
+    if source is not None:
+        from aiscope.prometheus import analyze_prometheus  # noqa: PLC0415
+
+        with _progress(f"reading {source.url}") as update:
+            doc = analyze_prometheus(source, since, thresholds)
+            update(1.0)
+        return doc
     with _progress("analyzing") as update:
         doc = analyze(store or [str(default_store())], since, wait, thresholds)
         update(1.0)
@@ -371,6 +580,13 @@ def report_command(
     ] = None,
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
+    prometheus: PrometheusOption = None,
+    match: MatchOption = None,
+    prometheus_vocabulary: VocabularyOption = "auto",
+    prometheus_bearer_token_file: TokenFileOption = None,
+    prometheus_basic_auth: BasicAuthOption = None,
+    prometheus_header: HeaderOption = None,
+    prometheus_ca_file: CaFileOption = None,
 ) -> None:
     """The weekly report: headline, fleet timeline, real utilization, findings, recommendations,
     per-node and per-GPU detail, and data coverage.
@@ -382,12 +598,25 @@ def report_command(
       aiscope report --store /var/lib/aiscope
       aiscope report --store 'fleet/*.duckdb' --out report.html
       aiscope report --store fleet/ --since 24h --out today.md
+      aiscope report --prometheus http://prometheus:9090 --out report.html
+      aiscope report --prometheus https://thanos:10902 --prometheus-ca-file ca.pem \\
+        --prometheus-bearer-token-file /run/secrets/token --match '{cluster="a"}'
     """
     from report import check_out, write  # noqa: PLC0415
 
+    source = _source(
+        prometheus,
+        store,
+        match,
+        prometheus_vocabulary,
+        prometheus_bearer_token_file,
+        prometheus_basic_auth,
+        prometheus_header,
+        prometheus_ca_file,
+    )
     if out is not None:
         check_out(out)  # before the analysis, which can take a while
-    doc = _analysis(store, since, wait, config)
+    doc = _analysis(store, since, wait, config, source)
     if out is None:
         from report.text import render  # noqa: PLC0415
 

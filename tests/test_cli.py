@@ -27,6 +27,8 @@ COMMANDS = [
     ["analyze", "--help"],
     ["import", "--help"],
     ["import", "nvidia-smi", "--help"],
+    ["import", "dcgm", "--help"],
+    ["import", "nvidia-smi-xml", "--help"],
     ["report", "--help"],
     ["demo", "--help"],
 ]
@@ -119,6 +121,8 @@ def test_every_command_has_help_with_examples(args: list[str]) -> None:
         "simulate",
         "analyze",
         "nvidia-smi",
+        "dcgm",
+        "nvidia-smi-xml",
         "report",
         "demo",
     )

@@ -1,0 +1,851 @@
+"""Read a window of GPU telemetry from a Prometheus server into a store (``--prometheus URL``).
+
+The only HTTP client of Prometheus in aiscope. It speaks the HTTP query API that Prometheus,
+Thanos, Mimir and VictoriaMetrics share: ``/api/v1/label/__name__/values`` to see which series
+exist, instant ``/api/v1/query`` to find the window's end, and ``/api/v1/query_range`` to fetch it.
+What it reads becomes ordinary aiscope records (``GpuSample``, ``Device``, ``HostSample``,
+``NetSample``, ``AgentEvent``, and ``Process``/``ProcessSample``/``Pod`` for the pod or job
+labels) in a store, so the analysis that follows is the same one a store gets.
+
+How a window is read:
+
+* The vocabulary is aiscope's own ``aiscope_*`` series when the server has them, else
+  dcgm-exporter's ``DCGM_FI_*`` (``agent.vocabulary``: one table for both).
+* The window ends at the newest sample of the vocabulary's utilization series (as the store path
+  ends at the newest stored sample), and ``since`` is its length.
+* The analysis bucket comes from the caller (``bucket_for``: the analyzer's rule, injected so the
+  agent does not import the analyzer). Points are fetched every half bucket as
+  ``avg_over_time`` of that half, so every raw sample counts once and the analyzer, reading the
+  store that results, chooses the same bucket again. A bucket's utilization maximum is then the
+  larger of its two halves' means (a short burst inside a half is averaged).
+* Long ranges are split so that no response holds more than ``MAX_POINTS`` points per series
+  (Prometheus refuses 11,000); each response is written to DuckDB before the next is fetched.
+* Connection errors and 5xx answers are retried with backoff; a 4xx is bad input (exit 2), a
+  server that stays down or unreachable is a failure (exit 1).
+* Host series: aiscope's ``aiscope_host_*`` when present, else node_exporter's. A node_exporter
+  target is matched to a GPU node by its ``nodename`` (from ``node_uname_info``), else its
+  ``instance`` without the port, compared whole and by the first DNS label.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import itertools
+import json
+import logging
+import math
+import re
+import ssl
+import statistics
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.errors import BadInput, Failure
+from agent.schema import (
+    AgentEvent,
+    Device,
+    GpuSample,
+    HostSample,
+    NetSample,
+    Pod,
+    Process,
+    ProcessSample,
+    columns,
+)
+from agent.store import Store, insert_rows
+from agent.vocabulary import (
+    NODE_EXPORTER_HOST,
+    NODE_EXPORTER_INFINIBAND,
+    SERIES_VOCABULARIES,
+    SeriesVocabulary,
+    mig_name,
+    mig_uuid,
+)
+
+log = logging.getLogger(__name__)
+
+#: Prometheus refuses a range query of more than 11,000 points per series.
+MAX_POINTS = 11_000
+SOURCE = "prometheus"
+_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)  # about 4 s before a server counts as down
+_LOOKBACK = 240.0  # below Prometheus's default 5-minute lookback
+_MATCHER = re.compile(r'^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*$')
+
+
+class PrometheusBadInput(BadInput):
+    """A bad ``--prometheus`` URL or option, or a request the server rejected (4xx): exit 2."""
+
+
+class PrometheusFailure(Failure):
+    """The server failed (5xx after retries), could not be reached, or answered nonsense: exit 1."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusSource:
+    """Where and how to read: the server, its credentials and the fleet's selector."""
+
+    url: str
+    matchers: tuple[str, ...] = ()  # each '{label="value", ...}', ANDed into every query
+    vocabulary: str = "auto"  # auto, aiscope or dcgm
+    bearer_token_file: Path | None = None
+    basic_auth: str | None = None  # USER:PASSWORD_FILE
+    headers: tuple[str, ...] = ()  # 'Name: value'
+    ca_file: Path | None = None
+    timeout_seconds: float = 60.0
+
+
+@dataclass(slots=True)
+class ReadReport:
+    """What was read: the note the analysis document carries as ``source``."""
+
+    url: str
+    vocabulary: str
+    step_seconds: float = 0.0
+    series: int = 0
+    points: int = 0
+    requests: int = 0
+    missing: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prometheus": self.url,
+            "vocabulary": self.vocabulary,
+            "step_seconds": self.step_seconds,
+            "series": self.series,
+            "points": self.points,
+            "missing": list(self.missing),
+        }
+
+
+# -- the HTTP client ---------------------------------------------------------------------------
+
+
+def _check_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PrometheusBadInput(f"--prometheus {url!r}: expected an http:// or https:// URL")
+    try:
+        _ = parts.port
+    except ValueError as exc:
+        raise PrometheusBadInput(f"--prometheus {url!r}: bad port") from exc
+    return url.rstrip("/")
+
+
+def _read_secret(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise PrometheusBadInput(f"{flag} {path}: cannot read ({exc.strerror})") from exc
+
+
+def _auth_headers(source: PrometheusSource) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for raw in source.headers:
+        name, sep, value = raw.partition(":")
+        if not sep or not name.strip():
+            raise PrometheusBadInput(f"--prometheus-header {raw!r}: expected 'Name: value'")
+        headers[name.strip()] = value.strip()
+    if source.bearer_token_file is not None:
+        token = _read_secret(source.bearer_token_file, "--prometheus-bearer-token-file")
+        headers["Authorization"] = f"Bearer {token}"
+    if source.basic_auth is not None:
+        user, sep, password_file = source.basic_auth.partition(":")
+        if not sep or not user or not password_file:
+            raise PrometheusBadInput("--prometheus-basic-auth: expected USER:PASSWORD_FILE")
+        password = _read_secret(Path(password_file), "--prometheus-basic-auth")
+        pair = base64.b64encode(f"{user}:{password}".encode()).decode()
+        headers["Authorization"] = f"Basic {pair}"
+    return headers
+
+
+def _ssl_context(source: PrometheusSource) -> ssl.SSLContext | None:
+    if source.ca_file is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=str(source.ca_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise PrometheusBadInput(f"--prometheus-ca-file {source.ca_file}: {exc}") from exc
+
+
+def _server_error(body: bytes) -> str:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body[:200].decode("utf-8", "replace").strip()
+    return str(doc.get("error", "")) if isinstance(doc, dict) else ""
+
+
+class Client:
+    """GET requests to the query API, with credentials, retries and one-line errors."""
+
+    def __init__(
+        self,
+        source: PrometheusSource,
+        sleep: Callable[[float], None] = time.sleep,
+        retry_delays: tuple[float, ...] = _RETRY_DELAYS,
+    ) -> None:
+        self.url = _check_url(source.url)
+        self._headers = {"Accept": "application/json", **_auth_headers(source)}
+        self._context = _ssl_context(source)
+        self._timeout = source.timeout_seconds
+        self._sleep = sleep
+        self._delays = retry_delays
+        self.requests = 0
+
+    def get(self, path: str, params: dict[str, Any]) -> Any:
+        """The ``data`` of one API answer; retries 5xx and connection errors with backoff."""
+        url = f"{self.url}{path}?{urllib.parse.urlencode(params, doseq=True)}"
+        for attempt in range(len(self._delays) + 1):
+            try:
+                return self._once(url, path)
+            except _Retryable as exc:
+                if attempt == len(self._delays):
+                    raise exc.final from None
+                log.debug("prometheus %s: %s; retrying", path, exc.final)
+                self._sleep(self._delays[attempt])
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _once(self, url: str, path: str) -> Any:
+        self.requests += 1
+        request = urllib.request.Request(url, headers=self._headers)
+        try:
+            with urllib.request.urlopen(
+                request, timeout=self._timeout, context=self._context
+            ) as answer:
+                body = answer.read()
+        except urllib.error.HTTPError as exc:
+            raise self._http_error(exc, path) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise _Retryable(
+                PrometheusFailure(f"--prometheus {self.url}: cannot reach the server ({reason})")
+            ) from None
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise PrometheusFailure(
+                f"--prometheus {self.url}: {path} did not answer JSON (is this a Prometheus API?)"
+            ) from exc
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            error = doc.get("error") if isinstance(doc, dict) else None
+            raise PrometheusFailure(f"--prometheus {self.url}: {path} failed: {error}")
+        return doc.get("data")
+
+    def _http_error(self, exc: urllib.error.HTTPError, path: str) -> Exception:
+        detail = _server_error(exc.read() or b"")
+        message = f"--prometheus {self.url}: {path} answered HTTP {exc.code}" + (
+            f": {detail}" if detail else ""
+        )
+        if exc.code >= 500:
+            return _Retryable(PrometheusFailure(message))
+        return PrometheusBadInput(message)
+
+    def instant(self, query: str, at: float) -> list[dict[str, Any]]:
+        data = self.get("/api/v1/query", {"query": query, "time": _fmt(at)})
+        return list(data.get("result", [])) if isinstance(data, dict) else []
+
+    def names(self, match: str) -> set[str]:
+        data = self.get("/api/v1/label/__name__/values", {"match[]": match})
+        return {str(n) for n in data or []}
+
+    def query_range(
+        self, query: str, start: float, end: float, step: float
+    ) -> Iterator[list[dict[str, Any]]]:
+        """The result of each piece of the range, in time order; no piece has more than
+        ``MAX_POINTS`` points per series."""
+        for lo, hi in split_range(start, end, step):
+            params = {"query": query, "start": _fmt(lo), "end": _fmt(hi), "step": _fmt(step)}
+            data = self.get("/api/v1/query_range", params)
+            yield list(data.get("result", [])) if isinstance(data, dict) else []
+
+
+class _Retryable(PrometheusFailure):  # an internal signal: never leaves Client.get
+    def __init__(self, final: Exception) -> None:
+        super().__init__(str(final))
+        self.final = final
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def split_range(start: float, end: float, step: float) -> list[tuple[float, float]]:
+    """``[start, end]`` at ``step`` as pieces of at most ``MAX_POINTS`` evaluation points each,
+    sharing no point."""
+    pieces = []
+    span = step * (MAX_POINTS - 1)
+    lo = start
+    while lo <= end + 1e-9:
+        hi = min(lo + span, end)
+        pieces.append((lo, hi))
+        lo = hi + step
+    return pieces
+
+
+# -- PromQL -------------------------------------------------------------------------------------
+
+
+def parse_matchers(selectors: tuple[str, ...]) -> str:
+    """``('{cluster="a"}', '{zone=~"x.*"}')`` -> ``cluster="a",zone=~"x.*"`` (ANDed)."""
+    parts: list[str] = []
+    for raw in selectors:
+        text = raw.strip()
+        if not (text.startswith("{") and text.endswith("}")):
+            raise PrometheusBadInput(
+                f"--match {raw!r}: expected a selector like '{{cluster=\"a\"}}'"
+            )
+        inner = text[1:-1].strip().rstrip(",")
+        for matcher in _split_matchers(inner):
+            if not _MATCHER.match(matcher):
+                raise PrometheusBadInput(f"--match {raw!r}: {matcher.strip()!r} is not a matcher")
+            parts.append(matcher.strip())
+    return ",".join(parts)
+
+
+def _split_matchers(inner: str) -> list[str]:
+    out, current, quoted, escaped = [], "", False, False
+    for ch in inner:
+        if ch == "," and not quoted:
+            out.append(current)
+            current = ""
+            continue
+        current += ch
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+    if current.strip():
+        out.append(current)
+    return out
+
+
+def selector(name: str, fleet: str, extra: str = "") -> str:
+    return f"{name}{{{','.join(p for p in (extra, fleet) if p)}}}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(round(seconds * 1000), 1)}ms"
+
+
+# -- the window ---------------------------------------------------------------------------------
+
+
+def newest_sample(client: Client, sel: str, now: float) -> float | None:
+    """The timestamp of the newest sample of ``sel``, or ``None`` when it has none at all.
+
+    Live servers answer at once; for older data (a backfill, a server that stopped scraping) it
+    doubles a lookback from ``now`` until samples appear, then bisects to within the lookback."""
+    exact = _max_timestamp(client, sel, now)
+    if exact is not None:
+        return exact
+    lookback = 86400.0
+    while not _any_since(client, sel, now, lookback):
+        lookback *= 2
+        if lookback > 86400.0 * 366 * 20:
+            return None
+    lo, hi = now - lookback, now - lookback / 2  # the newest sample lies in (lo, hi]
+    while hi - lo > _LOOKBACK:
+        mid = (lo + hi) / 2
+        if _any_since(client, sel, now, now - mid):
+            lo = mid
+        else:
+            hi = mid
+    return _max_timestamp(client, sel, hi)
+
+
+def _max_timestamp(client: Client, sel: str, at: float) -> float | None:
+    result = client.instant(f"max(timestamp({sel}))", at)
+    return float(result[0]["value"][1]) if result else None
+
+
+def _any_since(client: Client, sel: str, now: float, seconds: float) -> bool:
+    return bool(client.instant(f"count(last_over_time({sel}[{_duration(seconds)}]))", now))
+
+
+def sample_interval(client: Client, sel: str, end: float, since: float) -> float | None:
+    """The typical seconds between two samples of one series: a count over the window's last
+    hour for a first guess, then the median gap between raw samples over about 20 of them."""
+    window = min(3600.0, since)
+    result = client.instant(f"count_over_time({sel}[{_duration(window)}])", end)
+    counts = [float(r["value"][1]) for r in result]
+    if not counts or statistics.median(counts) <= 1:
+        return None
+    guess = window / statistics.median(counts)
+    raw = client.instant(f"{sel}[{_duration(min(guess * 20, since))}]", end)
+    gaps = [
+        float(b[0]) - float(a[0])
+        for series in raw
+        for a, b in itertools.pairwise(series.get("values") or [])
+    ]
+    return statistics.median(gaps) if gaps else guess
+
+
+def first_sample(client: Client, sel: str, start: float, end: float) -> float:
+    """About when ``sel`` starts inside ``[start, end]``: a coarse scan, then a fine one around
+    the first point that saw a sample (``count`` sees a sample for the lookback after it)."""
+    coarse = max((end - start) / 1000.0, 1.0)
+    found = _first_point(client, f"count({sel})", start, end, coarse)
+    if found is None:
+        return start
+    fine = max(coarse / 200.0, 1.0)
+    lo = max(found - coarse - _LOOKBACK, start)
+    refined = _first_point(client, f"count({sel})", lo, found, fine) or found
+    # The earliest of each series' latest sample at that point: the first sample itself.
+    result = client.instant(f"min(timestamp({sel}))", refined)
+    first = float(result[0]["value"][1]) if result else refined
+    return max(first - 1.0, start)
+
+
+def _first_point(client: Client, query: str, start: float, end: float, step: float) -> float | None:
+    for piece in client.query_range(query, start, end, step):
+        for series in piece:
+            values = series.get("values") or []
+            if values:
+                return float(values[0][0])
+    return None
+
+
+# -- reading into a store ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    vocabulary: SeriesVocabulary
+    fleet: str
+    start: float
+    end: float
+    step: float
+    interval: float | None
+
+
+def choose_vocabulary(client: Client, source: PrometheusSource, fleet: str) -> SeriesVocabulary:
+    """aiscope's series when the server has them, else dcgm-exporter's (or the one asked for)."""
+    if source.vocabulary != "auto" and source.vocabulary not in SERIES_VOCABULARIES:
+        valid = ", ".join(["auto", *SERIES_VOCABULARIES])
+        raise PrometheusBadInput(f"--prometheus-vocabulary {source.vocabulary!r}: expected {valid}")
+    wanted = (
+        [SERIES_VOCABULARIES[source.vocabulary]]
+        if source.vocabulary != "auto"
+        else list(SERIES_VOCABULARIES.values())
+    )
+    anchors = "|".join(v.anchor for v in wanted)
+    present = client.names(selector("", fleet, f'__name__=~"{anchors}"'))
+    for vocabulary in wanted:
+        if vocabulary.anchor in present:
+            return vocabulary
+    where = f" matching {fleet}" if fleet else ""
+    raise PrometheusBadInput(
+        f"--prometheus {client.url}: no GPU series ({', '.join(v.anchor for v in wanted)}){where}"
+    )
+
+
+def read(
+    source: PrometheusSource,
+    since_seconds: float,
+    store: Store,
+    bucket_for: Callable[[float, float | None], int],
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ReadReport:
+    """Read the window ``(newest sample - since, newest sample]`` from the server into ``store``.
+
+    ``bucket_for(window_seconds, sample_interval_seconds)`` is the analyzer's bucket rule."""
+    client = Client(source, sleep=sleep)
+    fleet = parse_matchers(source.matchers)
+    vocabulary = choose_vocabulary(client, source, fleet)
+    anchor = selector(vocabulary.anchor, fleet)
+    end = newest_sample(client, anchor, clock())
+    if end is None:
+        raise PrometheusBadInput(f"--prometheus {client.url}: {vocabulary.anchor} has no samples")
+    start = first_sample(client, anchor, end - since_seconds, end)
+    interval = sample_interval(client, anchor, end, since_seconds)
+    step = max(bucket_for(end - start, interval) / 2.0, 1.0)
+    first = end - step * math.floor((end - (end - since_seconds)) / step)
+    plan = _Plan(vocabulary, fleet, first, end, step, interval)
+    report = ReadReport(client.url, vocabulary.name, step_seconds=step)
+    names = client.names(selector("", fleet, '__name__=~"aiscope_.+|DCGM_FI_.+|node_.+"'))
+    gpus = _read_gpus(client, plan, names, store, report)
+    _read_hosts(client, plan, names, gpus, store, report)
+    report.requests = client.requests
+    report.missing = _missing(vocabulary, names)
+    return report
+
+
+def _missing(vocabulary: SeriesVocabulary, names: set[str]) -> list[str]:
+    missing = list(vocabulary.missing)
+    if vocabulary.name == "dcgm" and "node_cpu_seconds_total" in names:
+        missing = [m for m in missing if not m.startswith("host series")]
+    absent = [name for _, name, _ in vocabulary.gauges if name not in names]
+    if vocabulary.name == "dcgm":  # the aliases are alternatives, not gaps
+        absent = [n for n in absent if "CLOCK" not in n or not any("CLOCK" in m for m in names)]
+    return missing + [f"series {n}" for n in sorted(absent)]
+
+
+# -- GPUs ----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Gpus:
+    """Identity and holders seen while the GPU series stream by."""
+
+    devices: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    holders: list[tuple[float, str, str, str, str, str, str, float | None]] = field(
+        default_factory=list
+    )
+
+
+_LONG = "CREATE OR REPLACE TEMP TABLE prom_long (f VARCHAR, node VARCHAR, uuid VARCHAR, gpu BIGINT, ts DOUBLE, v DOUBLE)"  # noqa: E501
+
+
+def _identity(labels: dict[str, str], v: SeriesVocabulary) -> tuple[str, str, int, str | None]:
+    node = labels.get(v.node_label) or labels.get("instance", "").rsplit(":", 1)[0] or "unknown"
+    uuid = labels.get(v.uuid_label) or f"{node}/gpu{labels.get(v.gpu_label, '?')}"
+    model = labels.get(v.model_label) or None
+    instance = labels.get("GPU_I_ID")
+    if instance not in (None, ""):
+        uuid = mig_uuid(uuid, instance)
+        model = mig_name(model, labels.get("GPU_I_PROFILE"))
+    try:
+        index = int(labels.get(v.gpu_label, "0"))
+    except ValueError:
+        index = 0
+    return node, uuid, index, model
+
+
+def _read_gpus(
+    client: Client, plan: _Plan, names: set[str], store: Store, report: ReadReport
+) -> set[tuple[str, str]]:
+    """Fetch every GPU gauge, one response at a time, into the store; return (node, uuid)s."""
+    v = plan.vocabulary
+    gpus = _Gpus()
+    with store.staging(GpuSample) as stage:
+        con = stage.connection
+        con.execute(_LONG)
+        seen: set[str] = set()
+        for field_name, series, factor in v.gauges:
+            if series not in names or field_name in seen:
+                continue
+            seen.add(field_name)
+            fn = "last_over_time" if field_name == "clock_event_reasons" else "avg_over_time"
+            query = f"{fn}({selector(series, plan.fleet)}[{_duration(plan.step - 0.001)}])"
+            for piece in client.query_range(query, plan.start, plan.end, plan.step):
+                rows = _long_rows(piece, field_name, factor, v, gpus, report)
+                insert_rows(con, "prom_long", ("f", "node", "uuid", "gpu", "ts", "v"), rows)
+        stage.sql(_pivot_sql(sorted(seen)))
+        stage.sql("DROP TABLE IF EXISTS prom_long")
+    _write_devices(client, plan, names, store, gpus)
+    _write_holders(store, gpus)
+    _write_xids(client, plan, names, store)
+    return set(gpus.devices)
+
+
+def _long_rows(
+    piece: list[dict[str, Any]],
+    field_name: str,
+    factor: float,
+    v: SeriesVocabulary,
+    gpus: _Gpus,
+    report: ReadReport,
+) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    for series in piece:
+        labels = series.get("metric", {})
+        node, uuid, index, model = _identity(labels, v)
+        gpus.devices.setdefault((node, uuid), {"gpu_index": index, "name": model})
+        holder = _holder(labels, v)
+        values = series.get("values") or []
+        report.series += 1
+        report.points += len(values)
+        for ts, text in values:
+            value = float(text)
+            if math.isnan(value):
+                continue
+            rows.append((field_name, node, uuid, index, float(ts), value * factor))
+            if holder and field_name == "memory_used_bytes":
+                gpus.holders.append((float(ts), node, uuid, *holder, value * factor))
+    return rows
+
+
+def _holder(labels: dict[str, str], v: SeriesVocabulary) -> tuple[str, str, str, str] | None:
+    """(namespace, pod, container, job) from a GPU series' labels, or ``None``."""
+    roles = {role: labels.get(label, "") for label, role in v.holder_labels}
+    if not (roles.get("pod") or roles.get("job")):
+        return None
+    return (
+        roles.get("namespace", ""),
+        roles.get("pod", ""),
+        roles.get("container", ""),
+        roles.get("job", ""),
+    )
+
+
+def _pivot_sql(fields: list[str]) -> str:
+    ints = {"memory_used_bytes", "memory_free_bytes", "memory_reserved_bytes"}
+    ints |= {"clock_event_reasons", "ecc_corrected_errors", "ecc_uncorrected_errors"}
+    cols, exprs = ["ts", "node", "uuid", "gpu_index", "up", "source"], []
+    for f in fields:
+        agg = f"max(v) FILTER (WHERE f = '{f}')"
+        exprs.append(f"CAST(round({agg}) AS BIGINT)" if f in ints else agg)
+    select = ", ".join(["ts", "node", "uuid", "min(gpu)", "true", f"'{SOURCE}'", *exprs])
+    return (
+        f"INSERT INTO temp.import_stage ({', '.join(cols + fields)}) "
+        f"SELECT {select} FROM prom_long GROUP BY ts, node, uuid"
+    )
+
+
+def _write_devices(client: Client, plan: _Plan, names: set[str], store: Store, gpus: _Gpus) -> None:
+    extra: dict[tuple[str, str], dict[str, Any]] = {}
+    window = _duration(plan.end - plan.start + plan.step)
+    for series, field_name, factor in plan.vocabulary.device_gauges:
+        if series not in names:
+            continue
+        query = f"max_over_time({selector(series, plan.fleet)}[{window}])"
+        for r in client.instant(query, plan.end):
+            node, uuid, _, _ = _identity(r.get("metric", {}), plan.vocabulary)
+            value = float(r["value"][1]) * factor
+            extra.setdefault((node, uuid), {})[field_name] = (
+                round(value) if field_name == "memory_total_bytes" else value
+            )
+    devices = [
+        Device(
+            node=node,
+            uuid=uuid,
+            gpu_index=info["gpu_index"],
+            name=info["name"],
+            pci_bus_id=None,
+            memory_total_bytes=extra.get((node, uuid), {}).get("memory_total_bytes"),
+            power_limit_watts=extra.get((node, uuid), {}).get("power_limit_watts"),
+            mig_mode=None,
+            driver_version=None,
+            nvlink_count=None,
+            last_seen_ts=plan.end,
+            source=SOURCE,
+        )
+        for (node, uuid), info in sorted(gpus.devices.items())
+    ]
+    store.add(devices)
+    store.flush()
+
+
+def _write_holders(store: Store, gpus: _Gpus) -> None:
+    """Each pod or job that held a GPU becomes one synthetic process (its pid a hash of its
+    name), so the analyzer's tenancy sees who held which GPU, as it does for agent data."""
+    if not gpus.holders:
+        return
+    processes: dict[tuple[str, str], Process] = {}
+    pods: dict[tuple[str, str], Pod] = {}
+    samples = []
+    for ts, node, uuid, namespace, pod, container, job, memory in gpus.holders:
+        key = f"{namespace}/{pod}" if pod else f"job {job}"
+        pid = zlib.crc32(key.encode()) & 0x3FFFFFFF
+        if (node, key) not in processes:
+            processes[(node, key)] = Process(
+                node=node, pid=pid, start_ticks=None, comm=container or None, cmdline=None,
+                user=None, cgroup=None, slurm_job_id=job or None,
+                k8s_pod_uid=key if pod else None, container_id=None, systemd_unit=None,
+                first_seen_ts=ts, last_seen_ts=ts,
+            )  # fmt: skip
+            if pod:
+                pods[(node, key)] = Pod(node, key, namespace or "default", pod, ts)
+        p = processes[(node, key)]
+        processes[(node, key)] = dataclasses.replace(
+            p, first_seen_ts=min(p.first_seen_ts, ts), last_seen_ts=max(p.last_seen_ts, ts)
+        )
+        memory_bytes = None if memory is None else round(memory)
+        samples.append(ProcessSample(ts, node, uuid, pid, None, memory_bytes, None, SOURCE))
+    store.add([*processes.values(), *pods.values()])
+    store.flush()
+    for i in range(0, len(samples), 100_000):
+        store.write_now(samples[i : i + 100_000])
+
+
+def _write_xids(client: Client, plan: _Plan, names: set[str], store: Store) -> None:
+    """An XID event per change of dcgm-exporter's last-XID gauge to a new nonzero code, or per
+    increase of aiscope's XID counter."""
+    v = plan.vocabulary
+    if v.xid not in names:
+        return
+    sel = selector(v.xid, plan.fleet)
+    r = _duration(plan.step)
+    query = f"increase({sel}[{r}])" if v.xid_is_counter else f"last_over_time({sel}[{r}])"
+    last: dict[tuple[str, str], float] = {}
+    events = []
+    for piece in client.query_range(query, plan.start, plan.end, plan.step):
+        for series in piece:
+            node, uuid, _, _ = _identity(series.get("metric", {}), v)
+            for ts, text in series.get("values") or []:
+                value = float(text)
+                before, last[(node, uuid)] = last.get((node, uuid), 0.0), value
+                if v.xid_is_counter and value > 0:
+                    events.append(AgentEvent(float(ts), node, "xid", uuid, None, "XID (counted)"))
+                elif not v.xid_is_counter and value > 0 and value != before:
+                    code = int(value)
+                    events.append(AgentEvent(float(ts), node, "xid", uuid, code, f"XID {code}"))
+    store.write_now(events)
+
+
+# -- hosts ---------------------------------------------------------------------------------------
+
+
+def _read_hosts(
+    client: Client,
+    plan: _Plan,
+    names: set[str],
+    gpus: set[tuple[str, str]],
+    store: Store,
+    report: ReadReport,
+) -> None:
+    gpu_nodes = {node for node, _ in gpus}
+    v = plan.vocabulary
+    if v.host and any(name in names for _, name, _ in v.host):
+        queries = [
+            (f, f"avg_over_time({selector(n, plan.fleet, extra)}[{_duration(plan.step - 0.001)}])")
+            for f, n, extra in v.host
+            if n in names
+        ]
+
+        def by_label(labels: dict[str, str]) -> str | None:
+            return labels.get(v.node_label)
+
+        nodes: Callable[[dict[str, str]], str | None] = by_label
+        net = [(n, d) for n, d in v.network if n in names]
+        net_query = "avg_over_time({sel}[{r}])"
+    elif "node_cpu_seconds_total" in names or any(n in names for _, _, n, _ in NODE_EXPORTER_HOST):
+        queries = _node_exporter_queries(plan, names)
+        nodes = _node_matcher(client, plan, gpu_nodes)
+        net = [(n, d) for n, d in NODE_EXPORTER_INFINIBAND if n in names]
+        net_query = "sum by (instance, device, port) (rate({sel}[{r}]))"
+    else:
+        return
+    values: dict[tuple[str, float], dict[str, float]] = {}
+    for field_name, query in queries:
+        for piece in client.query_range(query, plan.start, plan.end, plan.step):
+            for series in piece:
+                node = nodes(series.get("metric", {}))
+                if node is None or node not in gpu_nodes:
+                    continue
+                report.series += 1
+                for ts, text in series.get("values") or []:
+                    report.points += 1
+                    values.setdefault((node, float(ts)), {})[field_name] = float(text)
+    _write_host_samples(store, values)
+    _read_net(client, plan, net, net_query, nodes, gpu_nodes, store)
+
+
+def _write_host_samples(store: Store, values: dict[tuple[str, float], dict[str, float]]) -> None:
+    ints = {"cpu_count", "memory_used_bytes", "memory_available_bytes"}
+    known = set(columns(HostSample))
+    records = []
+    for (node, ts), fields in sorted(values.items()):
+        kwargs: dict[str, Any] = {
+            k: (round(x) if k in ints else x)
+            for k, x in fields.items()
+            if k in known and not math.isnan(x)
+        }
+        records.append(HostSample(ts=ts, node=node, source=SOURCE, **kwargs))
+    for i in range(0, len(records), 100_000):
+        store.write_now(records[i : i + 100_000])
+
+
+def _node_exporter_queries(plan: _Plan, names: set[str]) -> list[tuple[str, str]]:
+    rate_range = _duration(max(2 * plan.step, 3 * (plan.interval or plan.step)))
+    f = plan.fleet
+
+    def cpus(extra: str) -> str:
+        sel = selector("node_cpu_seconds_total", f, extra)
+        return f"sum by (instance) (rate({sel}[{rate_range}]))"
+
+    idle = selector("node_cpu_seconds_total", f, 'mode="idle"')
+    count = f"count by (instance) ({idle})"
+    out = []
+    for field_name, how, series, extra in NODE_EXPORTER_HOST:
+        if series not in names:
+            continue
+        sel = selector(series, f, extra)
+        if how == "idle_busy":
+            out.append((field_name, f"clamp_min(1 - {cpus(extra)} / {count}, 0)"))
+        elif how == "cpu_share":
+            out.append((field_name, f"{cpus(extra)} / {count}"))
+        elif how == "count":
+            out.append((field_name, count))
+        elif how == "rate":
+            out.append((field_name, f"sum by (instance) (rate({sel}[{rate_range}]))"))
+        else:
+            out.append((field_name, f"avg by (instance) ({sel})"))
+    return out
+
+
+def _short(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def _node_matcher(
+    client: Client, plan: _Plan, gpu_nodes: set[str]
+) -> Callable[[dict[str, str]], str | None]:
+    """A node_exporter target's GPU node: by ``nodename`` from ``node_uname_info`` where the
+    server has it, else by ``instance`` without its port; whole, else by the first DNS label."""
+    nodename: dict[str, str] = {}
+    window = _duration(plan.end - plan.start + plan.step)
+    query = f"last_over_time({selector('node_uname_info', plan.fleet)}[{window}])"
+    for r in client.instant(query, plan.end):
+        labels = r.get("metric", {})
+        if labels.get("instance") and labels.get("nodename"):
+            nodename[labels["instance"]] = labels["nodename"]
+    by_short = {_short(n): n for n in gpu_nodes}
+
+    def match(labels: dict[str, str]) -> str | None:
+        instance = labels.get("instance", "")
+        host = nodename.get(instance) or instance.rsplit(":", 1)[0]
+        if host in gpu_nodes:
+            return host
+        return by_short.get(_short(host))
+
+    return match
+
+
+def _read_net(
+    client: Client,
+    plan: _Plan,
+    net: list[tuple[str, str]],
+    template: str,
+    nodes: Callable[[dict[str, str]], str | None],
+    gpu_nodes: set[str],
+    store: Store,
+) -> None:
+    rate_range = _duration(max(2 * plan.step, 3 * (plan.interval or plan.step)))
+    avg_range = _duration(plan.step - 0.001)
+    values: dict[tuple[str, str, str, float], dict[str, float]] = {}
+    for series_name, direction in net:
+        sel = selector(series_name, plan.fleet)
+        r = rate_range if "rate" in template else avg_range
+        for piece in client.query_range(
+            template.format(sel=sel, r=r), plan.start, plan.end, plan.step
+        ):
+            for series in piece:
+                labels = series.get("metric", {})
+                node = nodes(labels)
+                if node is None or node not in gpu_nodes:
+                    continue
+                kind = labels.get("kind", "ib")
+                device = labels.get("device", "?")
+                if labels.get("port"):
+                    device = f"{device}/{labels['port']}"
+                for ts, text in series.get("values") or []:
+                    key = (node, kind, device, float(ts))
+                    values.setdefault(key, {})[direction] = float(text)
+    records = [
+        NetSample(ts, node, kind, device, d.get("rx"), d.get("tx"), SOURCE)
+        for (node, kind, device, ts), d in sorted(values.items())
+    ]
+    for i in range(0, len(records), 100_000):
+        store.write_now(records[i : i + 100_000])

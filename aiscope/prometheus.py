@@ -1,0 +1,45 @@
+"""``--prometheus URL``: analyze a window read from a Prometheus server.
+
+The reader (:mod:`agent.promread`) writes the window into a temporary store; the ordinary
+analysis then runs on it, so the analyzer does not know where its data came from. The document
+gains a ``source`` note: the server, the vocabulary read and what that vocabulary lacks.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.promread import PrometheusSource, read
+from agent.store import Store
+from analyzer.analysis import analyze, parse_duration
+from analyzer.load import bucket_for
+from analyzer.thresholds import Thresholds
+
+
+def analyze_prometheus(
+    source: PrometheusSource, since: str, thresholds: Thresholds | None = None
+) -> dict[str, Any]:
+    """The analysis document of the window ``since`` long that ends at the server's newest
+    GPU sample; ``doc["source"]`` says where it came from and ``doc["timing"]`` how long the
+    fetch and the analysis took (seconds)."""
+    seconds = parse_duration(since)
+    with tempfile.TemporaryDirectory(prefix="aiscope-prometheus-") as tmp:
+        path = Path(tmp) / "prometheus.duckdb"
+        started = time.monotonic()
+        store = Store(path)
+        try:
+            report = read(source, seconds, store, bucket_for)
+        finally:
+            store.close()
+        fetched = time.monotonic()
+        doc = analyze([str(path)], since, thresholds=thresholds)
+        analyzed = time.monotonic()
+    doc["stores"] = []
+    doc["source"] = report.to_json()
+    doc["source"]["fetch_seconds"] = round(fetched - started, 2)
+    doc["source"]["analysis_seconds"] = round(analyzed - fetched, 2)
+    doc["source"]["requests"] = report.requests
+    return doc
