@@ -555,11 +555,7 @@ def _collective_waits(f: Features, th: Thresholds) -> float:
 
 
 def _demand_driven(f: Features) -> bool:
-    return (
-        (f.diurnal or 0.0) >= 0.25
-        or (f.hourly_cv or 0.0) >= 0.15
-        or ((f.memory_util_r or 0.0) >= 0.6 and (f.memory_cv or 0.0) > 0.05)
-    )
+    return (f.diurnal or 0.0) >= 0.25 or (f.hourly_cv or 0.0) >= 0.15
 
 
 def _saturation(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
@@ -632,9 +628,12 @@ def _demand(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
         ev["inference"].append(
             f"load drifts from hour to hour (hourly means vary {f.hourly_cv:.0%}), as demand does"
         )
-    if (f.memory_util_r or 0.0) >= 0.6 and (f.memory_cv or 0.0) > 0.05 and f.hours >= 1:
-        s["inference"] += 0.6
-        ev["inference"].append(f"memory moves with load (r={f.memory_util_r:.2f}, a KV cache)")
+    if (f.memory_util_r or 0.0) >= 0.6 and (f.memory_cv or 0.0) > 0.05:
+        # A KV cache grows with the requests in flight: an inference engine. Saturated, it is
+        # offline inference working through a queue; otherwise a server following demand.
+        cls = "batch" if _saturated(f, th) else "inference"
+        s[cls] += 0.6
+        ev[cls].append(f"memory moves with load (r={f.memory_util_r:.2f}, a KV cache)")
     if _preallocated(f) and (f.active or 0.0) > 0.0:
         s["inference"] += 0.25
         ev["inference"].append(
@@ -724,9 +723,6 @@ def _bounded(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
     if f.bounded and f.hours <= 14 and _saturated(f, th) and not trains:
         s["batch"] += 0.5
         ev["batch"].insert(0, f"a bounded {f.hours:.1f} h run at steady saturation")
-    elif _saturated(f, th) and not trains and f.hours < 18:
-        s["batch"] += 0.1  # saturated without any of training's signatures
-        ev["batch"].append("no collectives and no checkpoint cycle (training's signatures)")
 
 
 def _agree_in_lockstep(

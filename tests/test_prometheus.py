@@ -226,23 +226,15 @@ def _both_ways(store: Path, tmp_path: Path, vocabulary: str) -> tuple[dict[str, 
     return analyze([str(store)], "7d"), through
 
 
-def _decided_by_metadata(gpu: dict[str, Any]) -> bool:
-    """Classes that command lines decided: Prometheus series carry no command lines."""
-    return any("process metadata" in e for e in gpu["evidence"])
-
-
 def _compare(direct: dict[str, Any], through: dict[str, Any]) -> None:
-    """Classes agree for >= 95% of GPUs, except GPUs whose class the command line decided (no
-    Prometheus vocabulary carries command lines); findings name the same GPUs."""
+    """Classes agree for >= 95% of GPUs (no Prometheus vocabulary carries command lines, which
+    are a hint only), and the findings name the same GPUs."""
     assert through["window"] == direct["window"]
     classes = {g["uuid"]: g["class"] for g in through["gpus"]}
     assert set(classes) == {g["uuid"] for g in direct["gpus"]}
     differ = [g for g in direct["gpus"] if classes[g["uuid"]] != g["class"]]
-    assert all(_decided_by_metadata(g) for g in differ), differ
-    assert len(differ) <= 0.1 * len(direct["gpus"])
-    skip = {g["uuid"] for g in differ}
-    named = {f["uuid"] for f in direct["findings"]} - skip
-    assert named == {f["uuid"] for f in through["findings"]} - skip
+    assert len(differ) <= 0.05 * len(direct["gpus"]), differ
+    assert {f["uuid"] for f in direct["findings"]} == {f["uuid"] for f in through["findings"]}
 
 
 @pytest.mark.slow
