@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import http.client
 import itertools
 import json
 import logging
@@ -130,6 +131,11 @@ class ReadReport:
 
 def _check_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
+    if "@" in parts.netloc:  # never echo, store or send a password given in the URL
+        raise PrometheusBadInput(
+            "--prometheus: credentials in the URL are not accepted (they would land in logs "
+            "and reports); use --prometheus-basic-auth USER:PASSWORD_FILE"
+        )
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise PrometheusBadInput(f"--prometheus {url!r}: expected an http:// or https:// URL")
     try:
@@ -223,7 +229,7 @@ class Client:
                 body = answer.read()
         except urllib.error.HTTPError as exc:
             raise self._http_error(exc, path) from None
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
             raise _Retryable(
                 PrometheusFailure(f"--prometheus {self.url}: cannot reach the server ({reason})")

@@ -94,7 +94,7 @@ class SchemaMismatch(NotAStore):
 def wrap(path: Path, exc: duckdb.Error) -> StoreError:
     """A DuckDB error on ``path`` as one of ours, in one line."""
     message = str(exc).splitlines()[0]
-    if "lock" in message.lower():
+    if re.search(r"\block\b", message, re.IGNORECASE):  # "Could not set lock", not "block"
         holder = re.search(r"\(PID (\d+)\)", message)
         who = f"process {holder.group(1)}" if holder else "another process"
         return StoreLocked(f"{path}: the store is held by {who}; retry when it is released")

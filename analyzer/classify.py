@@ -144,6 +144,8 @@ class Features:
     recurring: int = 0
     #: Idle (or another workload) before and after, within the window: a bounded run.
     bounded: bool = False
+    #: The analysis bucket: what is finer than this cannot be seen.
+    resolution_seconds: float = 300.0
 
 
 @dataclass(slots=True)
@@ -154,6 +156,8 @@ class _Span:
     ref: PowerRef
     buckets: list[Bucket]
     occupied: bool
+    #: Starts where memory jumped to a new plateau (a new workload on a held GPU).
+    plateau: bool = False
     features: Features = field(default_factory=lambda: Features(0.0, 0, "none"))
     peers: list[_Span] = field(default_factory=list)
     peer_r: float = 0.0
@@ -224,7 +228,7 @@ def _segment(gpu: GpuInfo, ref: PowerRef, buckets: list[Bucket], th: Thresholds)
             after = [(buckets[j].memory_bytes or 0.0) / total for j in (i + 1, i + 2)]
             jump = abs(now - prev) > 0.25 and all(abs(a - now) < 0.1 for a in after)
         if not spans or spans[-1].occupied != occupied or jump:
-            spans.append(_Span(gpu, ref, [b], occupied))
+            spans.append(_Span(gpu, ref, [b], occupied, plateau=jump))
         else:
             spans[-1].buckets.append(b)
     merged: list[_Span] = []
@@ -234,7 +238,8 @@ def _segment(gpu: GpuInfo, ref: PowerRef, buckets: list[Bucket], th: Thresholds)
         # Without memory, "held" cannot be seen: a pause between bursts shorter than a session
         # gap is part of the workload, not a free GPU (absent is not zero).
         unseen = not span.occupied and len(span.buckets) < pause and _no_memory(span.buckets)
-        if merged and (blip or unseen or merged[-1].occupied == span.occupied):
+        rejoin = merged and merged[-1].occupied == span.occupied and not span.plateau
+        if merged and (blip or unseen or rejoin):
             merged[-1].buckets.extend(span.buckets)
         else:
             merged.append(span)
@@ -288,6 +293,7 @@ def _features(span: _Span, data: FleetData, th: Thresholds, recurring: int) -> F
         f["cycle_minutes"], f["cycle_r"] = found
     f["night"] = sum(1 for x in b if _hour(x.start) >= 20.0 or _hour(x.start) < 8.0) / len(b)
     f["recurring"] = recurring
+    f["resolution_seconds"] = float(step)
     f["bounded"] = span.start > data.window_start + step and span.end + 2 * step < data.window_end
     return Features(**f)
 
@@ -332,8 +338,13 @@ def _memory(b: list[Bucket], ref: PowerRef, loads: list[float]) -> dict[str, Any
     if ref.memory_total_bytes:
         out["memory_ratio"] = statistics.median(memory) / ref.memory_total_bytes
     pairs = [(v, x.memory_bytes) for x in b if (v := _load(x, ref)) is not None and x.memory_bytes]
-    if len(pairs) > 10 and len(pairs) == len(loads):
-        out["memory_util_r"] = pearson([p[0] for p in pairs], [p[1] for p in pairs])
+    # A KV cache tracks the load all along; any job's memory and load rise together while it
+    # starts, so the start (a tenth of the span, at least three intervals) is left out.
+    steady = pairs[max(len(pairs) // 10, 3) :]
+    if len(steady) > 10 and len(pairs) == len(loads):
+        mem = [p[1] for p in steady]
+        if statistics.pstdev(mem) / max(statistics.fmean(mem), 1.0) > 0.02:
+            out["memory_util_r"] = pearson([p[0] for p in steady], mem)
     return out
 
 
@@ -666,7 +677,7 @@ def _low_traffic(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
             f"bursts of compute at random over {f.hours:.0f} h, no pause longer than random "
             f"requests leave (longest {f.longest_gap_hours:.1f} h)"
         )
-    elif (f.active or 0.0) == 0.0 and _preallocated(f):
+    elif f.active == 0.0 and _preallocated(f):
         s["inference"] += 0.6  # a pre-allocated server that never got a request
         ev["inference"].append(
             f"memory pre-allocated at {f.memory_ratio or 0.0:.2f} of the device for "
@@ -707,7 +718,7 @@ def _sessions(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
     elif light and f.hours < 24 and not (f.gaps_by_chance and f.sessions >= 1):
         s["interactive"] += 0.5
         ev["interactive"].append(f"memory held with compute in only {active:.0%} of intervals")
-    elif f.sessions == 0 and not _preallocated(f):
+    elif f.active == 0.0 and not _preallocated(f):
         s["interactive"] += 0.5
         ev["interactive"].append("memory held with no compute at all (a session left open)")
 
@@ -723,6 +734,13 @@ def _bounded(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
     if f.bounded and f.hours <= 14 and _saturated(f, th) and not trains:
         s["batch"] += 0.5
         ev["batch"].insert(0, f"a bounded {f.hours:.1f} h run at steady saturation")
+    elif _saturated(f, th) and not trains and f.resolution_seconds <= 10:
+        # Fine enough to see a training step (forward, backward, then ranks waiting in the
+        # all-reduce at low power), and no step shows: a steady stream of work.
+        s["batch"] += 0.1
+        ev["batch"].append(
+            f"steady saturation with no step structure at {f.resolution_seconds:.0f} s resolution"
+        )
 
 
 def _agree_in_lockstep(
@@ -743,9 +761,9 @@ def _agree_in_lockstep(
                 votes[cls] = votes.get(cls, 0.0) + 0.1 + margin
             best = max(votes, key=lambda k: (votes[k], k))
             note = f"{len(members)} GPUs in lockstep (r={max(m.peer_r for m in members):.2f})"
+            agreed = sum(1 for x in members if decided[id(x)][0] == best) / len(members)
             for m in members:
                 cls, margin, words = decided[id(m)]
-                agreed = sum(1 for x in members if decided[id(x)][0] == best) / len(members)
                 if cls != best:
                     words = [f"classed with its lockstep group ({agreed:.0%} of them {best})"]
                     margin = 0.2

@@ -102,7 +102,7 @@ def holders(view: GpuView, t: float) -> str:
 
 
 def _idle(ctx: Context, view: GpuView, b: Bucket) -> bool:
-    return view.held(b, ctx.thresholds) and (b.util_max or 0.0) <= ctx.thresholds.idle_util_ratio
+    return view.compute_free(b, ctx.thresholds)
 
 
 def _runs(ctx: Context, view: GpuView) -> list[_Run]:

@@ -68,7 +68,7 @@ def _idle_tail(ctx: Context, uuid: str) -> tuple[float, str | None]:
     th = ctx.thresholds
     seconds, holder = 0.0, None
     for b in reversed(view.buckets):
-        if not view.held(b, th) or (b.util_max or 0.0) > th.idle_util_ratio:
+        if not view.compute_free(b, th):
             break
         who = holders(view, b.start)
         if holder is not None and who != holder:

@@ -388,13 +388,21 @@ def _distinct_indexes(gpus: list[GpuInfo]) -> tuple[GpuInfo, ...]:
     """GPUs told apart by uuid, bus id or position stay distinct in every output: a GPU with no
     index, or with an index another GPU of its node already has, gets the node's next free one."""
     out: list[GpuInfo] = []
+    # First the indexes that are unique on their node keep their number; then the missing and
+    # the shared ones take numbers no GPU of the node has (a real index is never moved).
+    counts: dict[tuple[str, int], int] = {}
+    for gpu in gpus:
+        counts[(gpu.node, gpu.gpu_index)] = counts.get((gpu.node, gpu.gpu_index), 0) + 1
     taken: dict[str, set[int]] = {}
+    for gpu in gpus:
+        if gpu.gpu_index >= 0 and counts[(gpu.node, gpu.gpu_index)] == 1:
+            taken.setdefault(gpu.node, set()).add(gpu.gpu_index)
     for gpu in gpus:
         used = taken.setdefault(gpu.node, set())
         index = gpu.gpu_index
-        if index < 0 or index in used:
+        if index < 0 or counts[(gpu.node, index)] > 1:
             index = next(i for i in itertools.count() if i not in used)
-        used.add(index)
+            used.add(index)
         out.append(dataclasses.replace(gpu, gpu_index=index))
     return tuple(sorted(out, key=lambda g: (g.node, g.gpu_index, g.uuid)))
 

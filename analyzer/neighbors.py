@@ -7,8 +7,10 @@ Two cases the telemetry can attribute:
   level (before the aggressor arrived, or after it left) is compared with its level during the
   overlap, the change point of its series must line up with the aggressor's arrival, and the two
   tenants' series are correlated across the overlap (they trade time slices, so r < 0). When the
-  victim never ran alone, and the GPU was saturated, a time-sliced GPU gives every tenant the same
-  share: its slowdown is inferred from its co-tenant's measured one, and the evidence says so.
+  victim never ran alone around the overlap, on a saturated GPU where its co-tenant measurably
+  slowed, its slowdown is measured against its own solo history elsewhere (another time, another
+  GPU of the same model); with none, ``slowdown_ratio`` is ``None`` and the evidence says why
+  (interference is asymmetric: the co-tenant's figure is not the victim's).
 * **Host CPU contention**: the node's CPUs saturate, because CPU outside the GPU jobs (or one
   GPU job's cgroup) rose. Each GPU job on that node whose throughput proxy (power above idle, or
   SM activity) dropped at the same time is a victim; the aggressor is whoever's CPU rose.
@@ -111,7 +113,9 @@ def _co_tenants(ctx: Context, view: GpuView) -> list[Finding]:
         # history elsewhere (another time, another GPU of the same model), else report the
         # slowdown as unknown.
         other = measured.get((o.aggressor, o.start))
-        if other is None or not _saturated(view, o):
+        if other is None or other[0] < ctx.thresholds.noisy_min_slowdown_ratio:
+            continue  # no measurable interference between them at all
+        if not _saturated(view, o):
             continue
         history = _solo_history(ctx, view, o)
         if history is None:

@@ -28,7 +28,7 @@ from analyzer.load import Bucket, FleetData, GpuInfo
 from analyzer.thresholds import Thresholds
 
 GIB = float(1 << 30)
-_SIZE = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
+_SIZE = re.compile(r"(\d+)\s*GB\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +66,10 @@ def datasheet(model: str | None) -> dict[str, Any] | None:
 def memory_total(gpu: GpuInfo) -> float | None:
     if gpu.memory_total_bytes:
         return float(gpu.memory_total_bytes)
-    size = _SIZE.search(gpu.model or "")
-    return float(size.group(1)) * 1e9 if size else None
+    # The last size in the name: a MIG instance's ("A100-SXM4-80GB MIG 1g.10gb"), else the
+    # board's. Boards are sold in binary GB: an "80GB" card reports 81,920 MiB.
+    sizes = _SIZE.findall(gpu.model or "")
+    return float(sizes[-1]) * GIB if sizes else None
 
 
 def held_bytes(memory_bytes: float | None, total: float | None, th: Thresholds) -> bool:

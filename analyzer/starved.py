@@ -368,13 +368,14 @@ def _cause_evidence(
     ctx: Context, job: _Job, m: _Member, losses: list[_Loss], cause: str
 ) -> list[str]:
     mine = [x for x in losses if x.cause == cause]
-    util = statistics.fmean(x.util for x in mine if x.util is not None) if mine else 0.0
+    utils = [x.util for x in mine if x.util is not None]
+    util_text = f"{statistics.fmean(utils):.0%}" if utils else "not reported"
     shares = [x.power_share for x in mine if x.power_share is not None]
     power = f"{statistics.fmean(shares):.0%} of its fed level" if shares else "not reported"
     out = []
     if cause in ("communication", "network"):
         out.append(
-            f"while waiting, utilization read {util:.0%} but power was {power}: "
+            f"while waiting, utilization read {util_text} but power was {power}: "
             "ranks blocked in a collective"
         )
         periodic = _period_minutes(mine, ctx.data.bucket_seconds)
@@ -391,15 +392,15 @@ def _cause_evidence(
         if cores and limit:
             out.append(
                 f"the job's cgroup used {statistics.fmean(cores):.1f} of its {limit:.0f} CPU cores "
-                f"while the GPU idled (utilization {util:.0%})"
+                f"while the GPU idled (utilization {util_text})"
             )
         else:
-            out.append(f"the host's CPUs were saturated while the GPU idled ({util:.0%})")
+            out.append(f"the host's CPUs were saturated while the GPU idled ({util_text})")
     elif cause == "input_io":
-        out.append(f"the GPU idled ({util:.0%}) under iowait or I/O pressure on the host")
+        out.append(f"the GPU idled ({util_text}) under iowait or I/O pressure on the host")
     else:
         out.append(
-            f"the GPU waited (utilization {util:.0%}, power {power}) with no CPU, I/O or "
+            f"the GPU waited (utilization {util_text}, power {power}) with no CPU, I/O or "
             "network evidence to name a cause"
         )
     if job.straggler is not None and job.straggler_since is not None:

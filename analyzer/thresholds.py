@@ -11,6 +11,7 @@ Users override any of them in the config file's ``[thresholds]`` table (``aiscop
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,8 @@ class Thresholds:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if not math.isfinite(value):
+                raise InputError(f"thresholds.{f.name}: must be a finite number, got {value}")
             if f.name.endswith("_ratio") and not 0.0 <= value <= 1.0:
                 raise InputError(f"thresholds.{f.name}: must be between 0 and 1, got {value}")
             if f.name.endswith(("_seconds", "_gpu_hours", "_bytes", "_samples")) and value < 0:

@@ -287,3 +287,79 @@ def test_a_slowdown_from_the_tenants_own_history(tmp_path: Path) -> None:
     doc = analyze([str(_co_tenants(tmp_path / "s.duckdb", history=True))], since="30d")
     noisy = {f["victim"]: f for f in doc["findings"] if f["kind"] == "noisy_neighbor"}
     assert noisy["slurm job 702"]["slowdown_ratio"] == 0.5  # 0.45 sharing vs 0.9 alone elsewhere
+
+
+# -- the same principles at the edges an independent review found -------------------------------
+
+
+def test_power_and_memory_without_utilization_is_working_not_idle_held(tmp_path: Path) -> None:
+    """No utilization column: the GPU at 650 W holding 70 GiB computes; nothing may call it
+    idle-held, and no evidence may format a missing number."""
+    doc = analyze(
+        [
+            str(
+                _store(
+                    tmp_path / "s.duckdb",
+                    2,
+                    288,
+                    300,
+                    lambda s, g: {
+                        "memory_used_bytes": 70 * GIB,
+                        "power_watts": 200.0 if s % 10 == 5 else 650.0,
+                    },
+                    _h100(),
+                )
+            )
+        ],
+        since="30d",
+    )
+    assert [g["class"] for g in doc["gpus"]] == ["training"] * 2
+    assert not [f for f in doc["findings"] if f["kind"] == "idle_held"]
+
+
+def test_a_real_index_is_never_moved_by_a_duplicate() -> None:
+    from analyzer.load import GpuInfo, _distinct_indexes
+
+    gpus = [GpuInfo("n1", u, i, None, None, None) for u, i in (("a", 0), ("b", 0), ("c", 1))]
+    assert {g.uuid: g.gpu_index for g in _distinct_indexes(gpus)} == {"a": 0, "b": 2, "c": 1}
+
+
+def test_a_new_memory_plateau_is_a_new_segment(tmp_path: Path) -> None:
+    """6 h at 20 GiB, then straight on at 60 GiB: two workloads, two segments."""
+    gpus = _gpus(
+        _store(
+            tmp_path / "s.duckdb",
+            1,
+            144,
+            300,
+            lambda s, g: {
+                "utilization_gpu_ratio": 0.9,
+                "memory_used_bytes": (20 if s < 72 else 60) * GIB,
+                "power_watts": 500.0,
+            },
+            _h100(),
+        )
+    )
+    assert len(gpus[0]["segments"]) == 2
+
+
+def test_a_corrupt_block_is_not_a_lock(tmp_path: Path) -> None:
+    import duckdb
+
+    from agent.storefile import NotAStore, StoreLocked, wrap
+
+    message = "Corrupt database file: computed checksum 1 (stored checksum 2) in block at 12288"
+    err = wrap(tmp_path / "s.duckdb", duckdb.IOException(message))
+    assert isinstance(err, NotAStore) and not isinstance(err, StoreLocked)
+    locked = wrap(tmp_path / "s.duckdb", duckdb.IOException('Could not set lock on file "x"'))
+    assert isinstance(locked, StoreLocked)
+
+
+def test_a_threshold_must_be_finite() -> None:
+    import pytest
+
+    from analyzer.load import InputError
+    from analyzer.thresholds import from_mapping
+
+    with pytest.raises(InputError, match="finite"):
+        from_mapping({"session_gap_seconds": float("nan")})

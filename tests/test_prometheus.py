@@ -259,3 +259,11 @@ def test_inference_day_through_dcgm_series_matches_the_store(
     classes = {g["uuid"]: g["class"] for g in through["gpus"]}
     agree = sum(classes.get(g["uuid"]) == g["class"] for g in direct["gpus"])
     assert agree >= 0.95 * len(direct["gpus"])
+
+
+def test_credentials_in_the_url_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from aiscope.cli import main
+
+    code = main(["analyze", "--prometheus", "http://user:s3cret@127.0.0.1:9/"])
+    err = capsys.readouterr().err
+    assert code == 2 and "s3cret" not in err and "--prometheus-basic-auth" in err
