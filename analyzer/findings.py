@@ -55,7 +55,9 @@ def run(ctx: Context) -> Results:
         out = detect(ctx, explained)
         by_detector[name] = out
         found += out.findings
-        waiting |= {f.uuid: f for f in out.measurements}
+        for f in out.measurements:  # a GPU two jobs held in turn: the costlier one's waiting
+            if f.uuid not in waiting or f.gpu_hours_lost > waiting[f.uuid].gpu_hours_lost:
+                waiting[f.uuid] = f
         explained |= out.explained
     ordered = sorted(found, key=lambda f: (-f.gpu_hours_lost, f.kind, f.node, f.gpu, f.start))
     return Results(tuple(ordered), waiting, by_detector)

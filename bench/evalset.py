@@ -1297,7 +1297,8 @@ def score_findings(cases: Sequence[Case], docs: dict[str, Any]) -> dict[str, Any
                 ih["fp_busy" if t.busy else "fp_empty"] += 1
             if case.short:
                 short["gpus"] += 1
-                short["ok"] += bool(g) and float(g.get("confidence") or 1.0) <= 0.5
+                conf = g.get("confidence")
+                short["ok"] += conf is not None and float(conf) <= 0.5
             w = t.waiting_ratio
             if (
                 w is not None
