@@ -183,7 +183,7 @@ def classify(data: FleetData, thresholds: Thresholds | None = None) -> list[GpuV
     for group in spans.values():
         for span in group:
             span.features = _features(span, data, th, span.features.recurring)
-    _cross_gpu([s for group in spans.values() for s in group])
+    _cross_gpu([s for group in spans.values() for s in group], th)
     decided: dict[int, tuple[str, float, list[str]]] = {}
     for group in spans.values():
         for s in group:
@@ -226,7 +226,7 @@ def _segment(gpu: GpuInfo, ref: PowerRef, buckets: list[Bucket], th: Thresholds)
             prev = (buckets[i - 1].memory_bytes or 0.0) / total
             now = (b.memory_bytes or 0.0) / total
             after = [(buckets[j].memory_bytes or 0.0) / total for j in (i + 1, i + 2)]
-            jump = abs(now - prev) > 0.25 and all(abs(a - now) < 0.1 for a in after)
+            jump = abs(now - prev) > th.memory_jump_ratio and all(abs(a - now) < 0.1 for a in after)
         if not spans or spans[-1].occupied != occupied or jump:
             spans.append(_Span(gpu, ref, [b], occupied, plateau=jump))
         else:
@@ -370,7 +370,7 @@ def _power(b: list[Bucket], ref: PowerRef, th: Thresholds) -> dict[str, Any]:
             else statistics.median(p for _, p in busy)
         )
         floor = (ref.idle_watts + th.fed_power_floor_ratio * (limit - ref.idle_watts)) / limit
-        low = [p for _, p in busy if p < 0.7 * med or p < floor]
+        low = [p for _, p in busy if p < th.collective_power_drop_ratio * med or p < floor]
         out["busy_low_power"] = len(low) / len(busy)
     nvlink = [x.nvlink_bytes_per_second for x in b if x.nvlink_bytes_per_second is not None]
     if nvlink:
@@ -448,7 +448,7 @@ def pearson(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / math.sqrt(vx * vy)
 
 
-def _cross_gpu(spans: list[_Span]) -> None:
+def _cross_gpu(spans: list[_Span], th: Thresholds) -> None:
     """GPUs whose held spans start together and share a footprint move as one workload: find
     each span's peers (power, else utilization, correlated). Spans are compared only with those
     that start within 20 minutes of them (sorted by start), not with the whole fleet."""
@@ -458,12 +458,12 @@ def _cross_gpu(spans: list[_Span]) -> None:
     series = {id(s): _series(s) for s in held_spans}
     for i, s in enumerate(held_spans):
         for o in held_spans[i + 1 :]:
-            if o.start - s.start > 1200:
+            if o.start - s.start > th.lockstep_start_seconds:
                 break
-            if abs(o.end - s.end) > 3600 or not _same_footprint(s, o):
+            if abs(o.end - s.end) > th.lockstep_end_seconds or not _same_footprint(s, o):
                 continue
             r = _aligned_r(series[id(s)], series[id(o)])
-            if r >= 0.5:
+            if r >= th.lockstep_min_r:
                 s.peers.append(o)
                 o.peers.append(s)
                 s.peer_r, o.peer_r = max(s.peer_r, r), max(o.peer_r, r)
@@ -562,11 +562,11 @@ def _saturated(f: Features, th: Thresholds) -> bool:
 def _collective_waits(f: Features, th: Thresholds) -> float:
     """The share of busy intervals at low power, on a GPU that is mostly busy (a server's
     occasional request at low power is not a rank waiting in a collective)."""
-    return (f.busy_low_power or 0.0) if (f.busy or 0.0) >= 0.5 else 0.0
+    return (f.busy_low_power or 0.0) if (f.busy or 0.0) >= th.mostly_busy_ratio else 0.0
 
 
-def _demand_driven(f: Features) -> bool:
-    return (f.diurnal or 0.0) >= 0.25 or (f.hourly_cv or 0.0) >= 0.15
+def _demand_driven(f: Features, th: Thresholds) -> bool:
+    return (f.diurnal or 0.0) >= th.diurnal_min_r2 or (f.hourly_cv or 0.0) >= th.demand_hourly_cv
 
 
 def _saturation(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
@@ -583,18 +583,19 @@ def _training(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
     """What only a training job does: collectives every step, periodic checkpoint/eval dips,
     steady saturation for a day or more without a daily cycle."""
     low = _collective_waits(f, th)
-    if low >= 0.03:
+    if low >= th.collective_wait_ratio:
         s["training"] += 0.45
         ev["training"].append(
             f"{low:.0%} of busy intervals at low power (ranks waiting in collectives)"
         )
-    if f.cycle_minutes is not None and (f.load_median or 0.0) >= 0.4 and not _demand_driven(f):
+    if f.cycle_minutes is not None and (f.load_median or 0.0) >= 0.4 and not _demand_driven(f, th):
         s["training"] += 0.35
         ev["training"].append(
             f"a {f.cycle_minutes:.0f}-min cycle of dips (checkpoints or evaluation, "
             f"r={f.cycle_r or 0.0:.2f})"
         )
-    if f.hours >= 18 and _saturated(f, th) and not _demand_driven(f):
+    sustained = f.hours * 3600 >= th.training_sustained_seconds
+    if sustained and _saturated(f, th) and not _demand_driven(f, th):
         s["training"] += 0.45
         ev["training"].append(f"saturated for {f.hours:.0f} h with no daily cycle")
     steady_mid = (
@@ -611,7 +612,7 @@ def _training(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
         (f.active or 0.0) >= 0.95
         and f.hours >= 6
         and (f.load_median or 0.0) >= 0.2
-        and not _demand_driven(f)
+        and not _demand_driven(f, th)
         and not _saturated(f, th)
     )
     if never_idle:  # work is always queued (a server idles between requests)
@@ -631,21 +632,21 @@ def _demand(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
         ev["inference"].append(
             f"active in {active:.0%} of intervals at varying load, idle between bursts"
         )
-    if (f.diurnal or 0.0) >= 0.25:
+    if (f.diurnal or 0.0) >= th.diurnal_min_r2:
         s["inference"] += 0.7
         ev["inference"].append(f"load follows a daily cycle (R²={f.diurnal:.2f})")
-    elif (f.hourly_cv or 0.0) >= 0.15 and 0.05 <= med < th.saturated_load_ratio:
+    elif (f.hourly_cv or 0.0) >= th.demand_hourly_cv and 0.05 <= med < th.saturated_load_ratio:
         s["inference"] += 0.5
         ev["inference"].append(
             f"load drifts from hour to hour (hourly means vary {f.hourly_cv:.0%}), as demand does"
         )
-    if (f.memory_util_r or 0.0) >= 0.6 and (f.memory_cv or 0.0) > 0.05:
+    if (f.memory_util_r or 0.0) >= th.kv_cache_min_r and (f.memory_cv or 0.0) > th.kv_cache_min_cv:
         # A KV cache grows with the requests in flight: an inference engine. Saturated, it is
         # offline inference working through a queue; otherwise a server following demand.
         cls = "batch" if _saturated(f, th) else "inference"
         s[cls] += 0.6
         ev[cls].append(f"memory moves with load (r={f.memory_util_r:.2f}, a KV cache)")
-    if _preallocated(f) and (f.active or 0.0) > 0.0:
+    if _preallocated(f, th) and (f.active or 0.0) > 0.0:
         s["inference"] += 0.25
         ev["inference"].append(
             f"memory pre-allocated at {f.memory_ratio or 0.0:.2f} of the device (an inference "
@@ -656,7 +657,7 @@ def _demand(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
 def _low_traffic(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
     """A server with few requests: short bursts at every hour of the day, for days, on a stable
     footprint; never a long gap."""
-    light = (f.load_median or 0.0) < 0.3
+    light = (f.load_median or 0.0) < th.light_load_ratio
     if _around_the_clock(f, th) and light:
         s["inference"] += 0.9
         ev["inference"].append(
@@ -677,7 +678,7 @@ def _low_traffic(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
             f"bursts of compute at random over {f.hours:.0f} h, no pause longer than random "
             f"requests leave (longest {f.longest_gap_hours:.1f} h)"
         )
-    elif f.active == 0.0 and _preallocated(f):
+    elif f.active == 0.0 and _preallocated(f, th):
         s["inference"] += 0.6  # a pre-allocated server that never got a request
         ev["inference"].append(
             f"memory pre-allocated at {f.memory_ratio or 0.0:.2f} of the device for "
@@ -690,12 +691,14 @@ def _below(value: float | None, limit: float) -> bool:
     return value is not None and value < limit
 
 
-def _preallocated(f: Features) -> bool:
+def _preallocated(f: Features, th: Thresholds) -> bool:
     """The footprint of an inference server that reserves memory up front (vLLM's
     ``--gpu-memory-utilization`` defaults to 0.90; TensorRT-LLM's KV cache takes 0.9 of what
     is free): flat at 0.88-0.95 of the device."""
     return (
-        f.memory_ratio is not None and 0.88 <= f.memory_ratio <= 0.95 and _below(f.memory_cv, 0.02)
+        f.memory_ratio is not None
+        and th.preallocated_min_ratio <= f.memory_ratio <= th.preallocated_max_ratio
+        and _below(f.memory_cv, 0.02)
     )
 
 
@@ -707,7 +710,12 @@ def _around_the_clock(f: Features, th: Thresholds) -> bool:
 def _sessions(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
     """Memory held with sporadic compute: sessions separated by long gaps (a notebook)."""
     med, p90, active = f.load_median or 0.0, f.load_p90 or 0.0, f.active or 0.0
-    light = med < 0.05 and p90 < 0.3 and active < 0.5 and not _around_the_clock(f, th)
+    light = (
+        med < th.notebook_load_ratio
+        and p90 < th.notebook_p90_ratio
+        and active < th.notebook_active_ratio
+        and not _around_the_clock(f, th)
+    )
     long_gaps = (f.longest_gap_hours or 0.0) * 3600 >= th.session_gap_seconds
     if light and long_gaps and f.sessions >= 1:
         s["interactive"] += 1.0
@@ -718,7 +726,7 @@ def _sessions(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
     elif light and f.hours < 24 and not (f.gaps_by_chance and f.sessions >= 1):
         s["interactive"] += 0.5
         ev["interactive"].append(f"memory held with compute in only {active:.0%} of intervals")
-    elif f.active == 0.0 and not _preallocated(f):
+    elif f.active == 0.0 and not _preallocated(f, th):
         s["interactive"] += 0.5
         ev["interactive"].append("memory held with no compute at all (a session left open)")
 
@@ -726,15 +734,16 @@ def _sessions(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
 def _bounded(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
     """A run that starts and ends inside the window at steady saturation is batch, unless it
     shows what only training does (collectives, checkpoint cycles)."""
-    if f.recurring >= 1 and f.hours <= 14:
+    window = f.hours * 3600 <= th.batch_window_max_seconds
+    if f.recurring >= 1 and window:
         s["batch"] += 0.9
         ev["batch"].insert(0, f"a {f.hours:.0f} h window that recurs daily")
         return
-    trains = _collective_waits(f, th) >= 0.03 or f.cycle_minutes is not None
-    if f.bounded and f.hours <= 14 and _saturated(f, th) and not trains:
+    trains = _collective_waits(f, th) >= th.collective_wait_ratio or f.cycle_minutes is not None
+    if f.bounded and window and _saturated(f, th) and not trains:
         s["batch"] += 0.5
         ev["batch"].insert(0, f"a bounded {f.hours:.1f} h run at steady saturation")
-    elif _saturated(f, th) and not trains and f.resolution_seconds <= 10:
+    elif _saturated(f, th) and not trains and f.resolution_seconds <= th.step_visible_seconds:
         # Fine enough to see a training step (forward, backward, then ranks waiting in the
         # all-reduce at low power), and no step shows: a steady stream of work.
         s["batch"] += 0.1

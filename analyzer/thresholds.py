@@ -90,6 +90,45 @@ class Thresholds:
     min_evidence_seconds: float = 600.0
     min_evidence_samples: float = 20.0
 
+    #: -- the classifier's model of each class (analyzer/classify.py), each cutoff cited there --
+    #: A held GPU's memory moving to a new plateau by this share of the device starts a new
+    #: segment (a new workload).
+    memory_jump_ratio: float = 0.25
+    #: Lockstep: held spans starting within this many seconds (and ending within the next) whose
+    #: power (else utilization) correlates at least this well move as one workload.
+    lockstep_start_seconds: float = 1200.0
+    lockstep_end_seconds: float = 3600.0
+    lockstep_min_r: float = 0.5
+    #: Demand: an hour-of-day profile explaining this share of the load's variance (R²) is a
+    #: daily cycle; hourly means varying this much (coefficient of variation) is demand drift.
+    diurnal_min_r2: float = 0.25
+    demand_hourly_cv: float = 0.15
+    #: Training: this share of busy intervals at low power (below this share of the job's own
+    #: busy level, or below the fed floor) is ranks waiting in collectives.
+    collective_wait_ratio: float = 0.03
+    collective_power_drop_ratio: float = 0.7
+    #: ... counted only on a GPU busy in at least this share of its intervals (a server's
+    #: occasional request at low power is not a rank waiting in a collective).
+    mostly_busy_ratio: float = 0.5
+    #: Saturated for this long with no daily cycle is a training run (batch windows are
+    #: shorter: a bounded run up to ``batch_window_max_seconds`` is batch).
+    training_sustained_seconds: float = 18 * 3600.0
+    batch_window_max_seconds: float = 14 * 3600.0
+    #: A KV cache: memory that moves with the load (r at least this, varying at least this).
+    kv_cache_min_r: float = 0.6
+    kv_cache_min_cv: float = 0.05
+    #: Pre-allocated: flat at this share of the device (vLLM's 0.90, TensorRT-LLM's 0.9).
+    preallocated_min_ratio: float = 0.88
+    preallocated_max_ratio: float = 0.95
+    #: A light load: a low-traffic server's median load stays under this.
+    light_load_ratio: float = 0.3
+    #: A notebook: median load, 90th percentile and share of intervals with compute under these.
+    notebook_load_ratio: float = 0.05
+    notebook_p90_ratio: float = 0.3
+    notebook_active_ratio: float = 0.5
+    #: Buckets this fine show a training step (forward, backward, all-reduce at low power).
+    step_visible_seconds: float = 10.0
+
     #: Noisy neighbour: the victim's throughput must fall at least this much (a co-location study
     #: counted pairs below 0.9x solo speed as interfering; two time-shared LM jobs lost ~19%).
     noisy_min_slowdown_ratio: float = 0.10

@@ -8,7 +8,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-CLASS_ORDER = ("training", "inference", "batch", "interactive", "idle")
+from agent.schema import GpuClass
+
+CLASS_ORDER: tuple[str, ...] = tuple(c.value for c in GpuClass)  # the contract's classes
 _UID = re.compile(r"\b([0-9a-f]{8})-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 _FLAT_NEED = re.compile(r"\bneeds (\d+)-\1\b")
 _SPLIT_POOLS = re.compile(r"into \d+ reserved for inference, \d+ for training and \d+ flexible")
