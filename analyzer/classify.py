@@ -743,7 +743,12 @@ def _bounded(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
     if f.bounded and window and _saturated(f, th) and not trains:
         s["batch"] += 0.5
         ev["batch"].insert(0, f"a bounded {f.hours:.1f} h run at steady saturation")
-    elif _saturated(f, th) and not trains and f.resolution_seconds <= th.step_visible_seconds:
+    elif (
+        _saturated(f, th)
+        and not trains
+        and f.resolution_seconds <= th.step_visible_seconds
+        and f.samples >= th.min_evidence_samples  # three samples show no structure at all
+    ):
         # Fine enough to see a training step (forward, backward, then ranks waiting in the
         # all-reduce at low power), and no step shows: a steady stream of work.
         s["batch"] += 0.1
