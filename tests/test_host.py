@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,11 @@ def test_cpu_ratios_need_two_readings() -> None:
     host = HostReader("n", proc_root=FIXTURES / "proc", sys_root=Path("/nonexistent"))
     first, _ = host.sample(1.0)
     assert first.cpu_busy_ratio is None
-    sum(i * i for i in range(200_000))  # burn a little CPU so the counters move
+    # Burn CPU until the kernel's counters (10 ms ticks) have surely moved: a fixed amount of
+    # work can finish inside one tick on a fast machine, and the test then flaked.
+    started = time.process_time()
+    while time.process_time() - started < 0.05:
+        sum(i * i for i in range(10_000))
     second, _ = host.sample(2.0)
     assert second.cpu_busy_ratio is not None and 0.0 <= second.cpu_busy_ratio <= 1.0
 
