@@ -354,12 +354,12 @@ def newest_sample(client: Client, sel: str, now: float) -> float | None:
     exact = _max_timestamp(client, sel, now)
     if exact is not None:
         return exact
-    lookback = 86400.0
+    lookback, empty = 86400.0, 0.0  # (now - empty, now] is known to hold no sample
     while not _any_since(client, sel, now, lookback):
-        lookback *= 2
+        empty, lookback = lookback, lookback * 2
         if lookback > 86400.0 * 366 * 20:
             return None
-    lo, hi = now - lookback, now - lookback / 2  # the newest sample lies in (lo, hi]
+    lo, hi = now - lookback, now - empty  # the newest sample lies in (lo, hi]
     while hi - lo > _LOOKBACK:
         mid = (lo + hi) / 2
         if _any_since(client, sel, now, now - mid):

@@ -267,3 +267,31 @@ def test_credentials_in_the_url_are_refused(capsys: pytest.CaptureFixture[str]) 
     code = main(["analyze", "--prometheus", "http://user:s3cret@127.0.0.1:9/"])
     err = capsys.readouterr().err
     assert code == 2 and "s3cret" not in err and "--prometheus-basic-auth" in err
+
+
+class _StaleServer:
+    """Answers the two instant queries `newest_sample` makes, for one series whose newest sample
+    is at ``newest``: `max(timestamp(...))` sees it only within Prometheus's 5-minute staleness
+    lookback; `count(last_over_time(...[d]))` sees it when it lies in (at - d, at]."""
+
+    def __init__(self, newest: float) -> None:
+        self.newest = newest
+
+    def instant(self, query: str, at: float) -> list[dict[str, Any]]:
+        if query.startswith("max(timestamp("):
+            seen = 0 <= at - self.newest <= 300
+            return [{"value": [at, str(self.newest)]}] if seen else []
+        millis = float(query.rsplit("[", 1)[1].split("ms]", 1)[0])
+        seen = 0 <= at - self.newest < millis / 1000
+        return [{"value": [at, "1"]}] if seen else []
+
+
+@pytest.mark.parametrize("age", [20 * 60, 7 * 3600, 3 * 86400, 400 * 86400])
+def test_the_newest_sample_of_a_stale_series_is_found(age: float) -> None:
+    """An exporter that stopped 20 minutes (or hours, days, a year) ago: its data still
+    analyzes, ending at its newest sample."""
+    from agent.promread import newest_sample
+
+    now = 1_800_000_000.0
+    found = newest_sample(_StaleServer(now - age), "up", now)  # type: ignore[arg-type]
+    assert found is not None and abs(found - (now - age)) < 1e-6
