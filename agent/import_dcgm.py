@@ -420,6 +420,24 @@ def _inputs(path: Path) -> list[tuple[Path, str]]:
     return [(f, path.name) for f in files]
 
 
+def _refuse_collisions(
+    records: Records, path: Path, seen: dict[tuple[str, str, float], Path]
+) -> None:
+    """Two files whose scrapes land at the same instant are the same scrape twice or, far more
+    often, copies that lost their modification times (scrapes without timestamps are dated from
+    them): refuse, before anything is written, instead of keeping one and calling the other
+    "already stored"."""
+    for s in records.samples:
+        key = (s.node, s.uuid, s.ts)
+        other = seen.setdefault(key, path)
+        if other != path:
+            raise CaptureError(
+                f"{path}: its scrape of {s.uuid} falls at the same time as one in {other} "
+                "(files copied without their modification times? copy with cp -p or rsync -t, "
+                "or import them one at a time)"
+            )
+
+
 def import_dcgm(
     paths: list[Path],
     store: Store,
@@ -433,8 +451,11 @@ def import_dcgm(
     inputs = [item for p in paths for item in _inputs(p)]
     scrapes = [(read_scrapes(f, interval), fallback) for f, fallback in inputs]
     records = Records()
-    for scrape, fallback in scrapes:
-        records.extend(to_records(scrape, node, fallback))
+    seen: dict[tuple[str, str, float], Path] = {}
+    for (scrape, fallback), (path, _) in zip(scrapes, inputs, strict=True):
+        converted = to_records(scrape, node, fallback)
+        _refuse_collisions(converted, path, seen)
+        records.extend(converted)
     result = ImportResult(files=len(inputs))
     write_records(store, records, result)
     return result

@@ -142,6 +142,20 @@ def test_a_directory_of_cron_scrapes(tmp_path: Path) -> None:
     assert rows == [(END, 100), (END + 30, 200), (END + 60, 300)]  # each file at its mtime
 
 
+def test_cron_scrapes_that_lost_their_times_are_refused_not_dropped(tmp_path: Path) -> None:
+    """Copied without -p, every file has the same mtime: refused before anything is written,
+    instead of keeping one scrape and calling the others "already stored"."""
+    target = tmp_path / "dcgm-cron"
+    shutil.copytree(CAPTURES / "dcgm-cron", target)
+    for f in target.iterdir():
+        os.utime(f, (END, END))
+    store = tmp_path / "s.duckdb"
+    result = _aiscope("import", "dcgm", str(target), "--store", str(store))
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "cp -p" in result.stderr
+    assert not store.exists()
+
+
 def test_mig_instances_and_holders(tmp_path: Path) -> None:
     store = tmp_path / "s.duckdb"
     _import(store, _copy(tmp_path, "dcgm-mig-pods.prom"), node="gpu-node-12")

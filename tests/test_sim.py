@@ -308,3 +308,10 @@ def test_a_builtin_name_wins_over_a_directory_of_that_name(tmp_path, monkeypatch
     (tmp_path / "demo").mkdir()
     monkeypatch.chdir(tmp_path)
     assert load("demo").name
+
+
+def test_the_scenario_fixtures_link_resolves() -> None:
+    """fixtures/scenarios is the README's and `simulate --help`'s path to the built-ins."""
+    from tests.conftest import FIXTURES
+
+    assert (FIXTURES / "scenarios" / "demo.toml").is_file()
