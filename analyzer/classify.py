@@ -781,7 +781,8 @@ def _agree_in_lockstep(
                 if cls != best:
                     words = [f"classed with its lockstep group ({agreed:.0%} of them {best})"]
                     margin = 0.2
-                decided[id(m)] = (best, margin + 0.1 * agreed, [note, *words])
+                # The class's own evidence first (what decided it), then the grouping.
+                decided[id(m)] = (best, margin + 0.1 * agreed, [*words, note])
 
 
 def _component(s: _Span) -> list[_Span]:
