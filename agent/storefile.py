@@ -160,7 +160,11 @@ def connect_read_only(
         try:
             return duckdb.connect(str(path), read_only=True, config=dict(CONFIG))
         except duckdb.Error as exc:
-            raise wrap(path, exc) from exc
+            err = wrap(path, exc)
+            if isinstance(err, StoreLocked):
+                raise err from None
+            message = str(exc).splitlines()[0]  # any other failure to open it: not a store
+            raise NotAStore(f"{path}: not a readable aiscope store ({message})") from None
 
     con: duckdb.DuckDBPyConnection = _retry(attempt, path, timeout_seconds, sleep, clock)
     try:

@@ -233,3 +233,14 @@ def test_corrupted_and_foreign_files_are_refused_cleanly(tmp_path: Path) -> None
 
     with pytest.raises(StoreError, match="no such store"):
         connect_read_only(tmp_path / "missing.duckdb")
+
+
+def test_store_info_on_a_file_that_is_not_a_store_is_bad_input(tmp_path: Path, capsys) -> None:
+    """The same exit code as analyze for the same input: 2, one line naming the file."""
+    from aiscope.cli import main
+
+    csv = tmp_path / "x.csv"
+    csv.write_text("a,b\n1,2\n")
+    assert main(["store", "info", "--store", str(csv)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"aiscope: {csv}: not a readable aiscope store")
