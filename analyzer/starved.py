@@ -333,7 +333,7 @@ def _finding(ctx: Context, job: _Job, m: _Member, losses: list[_Loss]) -> tuple[
     if cause == "unknown" and len(ranked) > 1 and ranked[1][1] >= 0.5 * ranked[0][1]:
         cause = ranked[1][0]  # evidence for a named cause beats "cannot tell" when close
     evidence = [
-        f"{job.name} on {gpu_name(view)} waited {ratio:.0%} of {held_hours:.1f} held hours: "
+        f"{_who(job, view)} waited {ratio:.0%} of {held_hours:.1f} held hours: "
         f"{lost_hours:.1f} GPU-hours lost",
         "by cause: " + ", ".join(f"{c} {h:.1f} GPU-h" for c, h in ranked),
         f"waiting measured from power against {job.reference}",
@@ -362,6 +362,12 @@ def _finding(ctx: Context, job: _Job, m: _Member, losses: list[_Loss]) -> tuple[
         details=tuple(details),
     )
     return finding, above
+
+
+def _who(job: _Job, view: GpuView) -> str:
+    """The job on the GPU, said once ("the workload on n1/0", not "... on n1/0 on n1/0")."""
+    where = gpu_name(view)
+    return job.name if job.name.endswith(where) else f"{job.name} on {where}"
 
 
 def _cause_evidence(
