@@ -90,7 +90,8 @@ def test_chronic_starvation_shows_against_the_physical_reference(tmp_path: Path)
     assert len(starved) == 4
     assert all(f["waiting_ratio"] >= 0.5 for f in starved)
     assert any("dynamic power range" in e for e in starved[0]["evidence"])
-    assert starved[0]["evidence"][0].startswith("the workload on n1/0 waited")  # said once
+    first = starved[0]
+    assert first["evidence"][0].startswith(f"the workload on n1/{first['gpu']} waited")  # once
     # A healthy job at 80% of the limit is not starved by the same reference.
     healthy = _store(
         tmp_path / "h.duckdb",
