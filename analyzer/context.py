@@ -7,6 +7,8 @@ Built once per analysis and never changed after (:func:`context`); the detectors
 
 from __future__ import annotations
 
+import bisect
+import functools
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +39,12 @@ class Finding:
         return dict(self.details).get(key)
 
 
-@dataclass(frozen=True, slots=True)
+#: How long a process sample stands for its holder when the process log is sparser than the
+#: GPU log (nvidia-smi --query-compute-apps at -l 300 beside --query-gpu at -l 10).
+CARRY_SECONDS = 900.0
+
+
+@dataclass(frozen=True)
 class GpuView:
     """One GPU's buckets, the tenants on it per bucket, and its classified segments."""
 
@@ -70,10 +77,21 @@ class GpuView:
         return self.held(b, th) and self.computed(b, th) is False
 
     def main_tenant(self, t: float) -> str | None:
+        """The tenant holding the most memory at ``t``; in an interval without process samples
+        (a process log taken less often than the GPU log), the last one seen within
+        ``CARRY_SECONDS`` before it, so one job is not cut into two."""
         present = self.tenants.get(t, ())
         if not present:
-            return None
+            times = self.tenant_times
+            i = bisect.bisect_left(times, t)
+            if i == 0 or t - times[i - 1] > CARRY_SECONDS:
+                return None
+            present = self.tenants[times[i - 1]]
         return max(present, key=lambda x: ((x.memory_bytes or 0.0), x.tenant)).tenant
+
+    @functools.cached_property
+    def tenant_times(self) -> tuple[float, ...]:
+        return tuple(sorted(self.tenants))
 
 
 @dataclass(frozen=True, slots=True)

@@ -365,3 +365,25 @@ def test_a_threshold_must_be_finite() -> None:
 
     with pytest.raises(InputError, match="finite"):
         from_mapping({"session_gap_seconds": float("nan")})
+
+
+def test_a_sparse_process_log_does_not_cut_a_job_in_two(tmp_path: Path) -> None:
+    """The GPU logged every minute, its processes every 5 minutes: one job, one finding."""
+    store = Store(tmp_path / "s.duckdb")
+    cgroup = "/slurm/uid_1000/job_77/step_0"
+    records: list[object] = [
+        Device("n1", "GPU-0", 0, last_seen_ts=T0, **_h100()),
+        Process("n1", 10, 1010, "python", "python train.py", "u", cgroup, "77", None, None,
+                None, T0, T0 + 12 * 3600),
+    ]  # fmt: skip
+    for m in range(12 * 60):
+        ts = T0 + m * 60
+        records.append(GpuSample(ts, "n1", "GPU-0", 0, True, 0.9, None, 60 * GIB, None, None, 170))
+        if m % 5 == 0:
+            records.append(ProcessSample(ts, "n1", "GPU-0", 10, 1010, 60 * GIB, 0.9))
+    store.add(records)
+    store.flush()
+    store.close()
+    doc = analyze([str(tmp_path / "s.duckdb")], since="30d")
+    starved = [f for f in doc["findings"] if f["kind"] == "starved"]
+    assert [f["job"] for f in starved] == ["slurm job 77"]
