@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +60,32 @@ def _reset_nvml() -> Iterator[None]:
 
 def library(gpus: list[VirtualGpu], clock: FakeClock, **kwargs: object) -> VirtualNvmlLibrary:
     return VirtualNvmlLibrary(gpus, clock=clock, **kwargs)  # type: ignore[arg-type]
+
+
+def query(store: Path, sql: str) -> list[tuple[object, ...]]:
+    """Rows of ``sql`` on a store, opened read-only for the one query."""
+    import duckdb
+
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def run_aiscope(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python -m aiscope ARGS`` in the repository, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "aiscope", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 def require_tool(name: str) -> str:

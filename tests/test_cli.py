@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 
 from agent.store import connect_read_only
 from tests.conftest import REPO
+from tests.conftest import run_aiscope as _aiscope
 
 COMMANDS = [
     ["--help"],
@@ -32,18 +32,6 @@ COMMANDS = [
     ["report", "--help"],
     ["demo", "--help"],
 ]
-
-
-def _aiscope(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
-    return subprocess.run(
-        [sys.executable, "-m", "aiscope", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
 
 
 def _free_port() -> int:

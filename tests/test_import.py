@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,6 +13,7 @@ from hypothesis import strategies as st
 from agent.importer import ImportError_, import_files, sweep_gap_seconds
 from agent.store import Store
 from tests.conftest import FIXTURES, REPO
+from tests.conftest import query as _rows
 
 CAPTURES = FIXTURES / "captures"
 
@@ -24,14 +24,6 @@ def _import(store: Path, *files: Path, node: str = "n1", fields: list[str] | Non
         return import_files(list(files), writer, node, fields)
     finally:
         writer.close()
-
-
-def _rows(store: Path, sql: str) -> list[tuple]:
-    con = duckdb.connect(str(store), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def test_units_in_header_and_values_with_not_reported(tmp_path: Path) -> None:

@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from agent.import_dcgm import CaptureError, import_dcgm, parse_line, scrape_times
 from agent.store import Store
-from tests.conftest import FIXTURES, REPO, SHARED_DATA
+from tests.conftest import FIXTURES, SHARED_DATA
+from tests.conftest import query as _rows
+from tests.conftest import run_aiscope as _aiscope
 
 CAPTURES = FIXTURES / "captures"
 T4 = SHARED_DATA / "dcgm-exporter-scrape" / "tesla-t4.prom"
@@ -32,14 +31,6 @@ def _import(store: Path, *files: Path, node: str | None = None, interval: float 
         writer.close()
 
 
-def _rows(store: Path, sql: str) -> list[tuple]:
-    con = duckdb.connect(str(store), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
-
-
 def _copy(tmp_path: Path, name: str, mtime: float = END) -> Path:
     """A fixture copied with a known modification time (a checkout's mtimes are arbitrary)."""
     source, target = CAPTURES / name, tmp_path / name
@@ -51,16 +42,6 @@ def _copy(tmp_path: Path, name: str, mtime: float = END) -> Path:
         shutil.copy(source, target)
         os.utime(target, (mtime, mtime))
     return target
-
-
-def _aiscope(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aiscope", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
 
 
 @pytest.mark.skipif(not T4.exists(), reason="shared/data/dcgm-exporter-scrape is absent")

@@ -4,17 +4,16 @@ torn tail and malformed elements, idempotence and refusal."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from agent.import_dcgm import CaptureError
 from agent.import_xml import dump_time, import_xml
 from agent.store import Store
-from tests.conftest import FIXTURES, REPO, SHARED_DATA
+from tests.conftest import FIXTURES, SHARED_DATA
+from tests.conftest import query as _rows
+from tests.conftest import run_aiscope as _aiscope
 
 CAPTURES = FIXTURES / "captures"
 XML = SHARED_DATA / "nvidia-smi-xml"
@@ -29,24 +28,6 @@ def _import(store: Path, *files: Path, node: str | None = None, offset: float = 
         return import_xml(list(files), writer, node, offset)
     finally:
         writer.close()
-
-
-def _rows(store: Path, sql: str) -> list[tuple]:
-    con = duckdb.connect(str(store), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
-
-
-def _aiscope(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aiscope", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
 
 
 @real_data
