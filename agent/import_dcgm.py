@@ -38,7 +38,6 @@ nothing (rows already stored for the same node, GPU, timestamp and source are sk
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -48,11 +47,14 @@ from typing import Any
 
 from agent.errors import BadInput
 from agent.importer import ImportResult
-from agent.schema import AgentEvent, Device, GpuSample, Pod, Process, ProcessSample, as_row
+from agent.schema import AgentEvent, Device, GpuSample, ProcessSample, as_row
 from agent.store import Store
 from agent.vocabulary import (
     DCGM_DEVICE_GAUGES,
     DCGM_XID,
+    Holder,
+    holder_records,
+    holder_ticks,
     mig_name,
     mig_uuid,
     to_aiscope,
@@ -134,12 +136,6 @@ def read_text(path: Path, expected: str) -> str:
     if not text.strip():
         raise CaptureError(f"{path}: empty file ({expected} expected)")
     return text
-
-
-def holder_ticks(*names: str | None) -> int:
-    """A stable stand-in for ``start_ticks`` of a holder that has no process id."""
-    digest = hashlib.sha1("\x1f".join(n or "" for n in names).encode()).digest()
-    return int.from_bytes(digest[:7], "big")
 
 
 # -- the Prometheus text format -------------------------------------------------------------------
@@ -246,7 +242,7 @@ class _Gpu:
     ts: float
     values: dict[str, float | None] = field(default_factory=dict)
     device: dict[str, Any] = field(default_factory=dict)
-    holder: tuple[str | None, str | None, str | None, str | None] | None = None
+    holder: Holder | None = None
     xid: int | None = None
 
 
@@ -347,14 +343,12 @@ def _xid_events(gpus: list[_Gpu]) -> Iterator[AgentEvent]:
 
 
 def _holders(gpus: Iterable[_Gpu]) -> Records:
-    """Who held each GPU at each scrape, as process records (see the module doc)."""
+    """Who held each GPU at each scrape, as process records (``holder_records``)."""
     out = Records()
-    seen: dict[tuple[str, int], Process] = {}
+    seen: dict[tuple[str, Holder], tuple[float, float]] = {}
     for gpu in gpus:
         if gpu.holder is None:
             continue
-        namespace, pod, container, job = gpu.holder
-        ticks = holder_ticks(namespace, pod, container, job)
         memory = gpu.values.get("memory_used_bytes")
         out.process_samples.append(
             ProcessSample(
@@ -362,32 +356,17 @@ def _holders(gpus: Iterable[_Gpu]) -> Records:
                 node=gpu.node,
                 uuid=gpu.uuid,
                 pid=0,
-                start_ticks=ticks,
+                start_ticks=holder_ticks(*gpu.holder),
                 used_memory_bytes=None if memory is None else int(memory),
                 sm_utilization_ratio=None,
                 source=SOURCE,
             )
         )
-        uid = f"{namespace or ''}/{pod}" if pod else None
-        known = seen.get((gpu.node, ticks))
-        seen[(gpu.node, ticks)] = Process(
-            node=gpu.node,
-            pid=0,
-            start_ticks=ticks,
-            comm=container or pod or job,
-            cmdline=None,
-            user=None,
-            cgroup=None,
-            slurm_job_id=job,
-            k8s_pod_uid=uid,
-            container_id=None,
-            systemd_unit=None,
-            first_seen_ts=gpu.ts if known is None else min(known.first_seen_ts, gpu.ts),
-            last_seen_ts=gpu.ts,
-        )
-        if pod:
-            out.keyed.append(Pod(gpu.node, uid or pod, namespace or "", pod, gpu.ts))
-    out.keyed += list(seen.values())
+        first, last = seen.get((gpu.node, gpu.holder), (gpu.ts, gpu.ts))
+        seen[(gpu.node, gpu.holder)] = (min(first, gpu.ts), max(last, gpu.ts))
+    for (node, holder), (first, last) in seen.items():
+        process, named = holder_records(node, holder, first, last)
+        out.keyed += [process, named] if named else [process]
     return out
 
 

@@ -39,7 +39,7 @@ from typing import Any
 from agent.import_dcgm import CaptureError, Records, read_text, write_records
 from agent.importer import ImportResult, value
 from agent.redact import redact_argv
-from agent.schema import Device, GpuSample, Process, ProcessSample
+from agent.schema import Device, GpuSample, Process, ProcessSample, observed_process
 from agent.store import Store
 from agent.vocabulary import mig_name, mig_uuid
 
@@ -278,20 +278,13 @@ def _process_records(
         )
         cmdline = None if name is None else " ".join(redact_argv(name.split()))
         out.keyed.append(
-            Process(
-                node=ctx.node,
-                pid=int(pid),
-                start_ticks=None,
+            observed_process(
+                ctx.node,
+                int(pid),
+                ctx.ts,
+                ctx.ts,
                 comm=None if cmdline is None else Path(cmdline.split(" ", 1)[0]).name,
                 cmdline=cmdline,
-                user=None,
-                cgroup=None,
-                slurm_job_id=None,
-                k8s_pod_uid=None,
-                container_id=None,
-                systemd_unit=None,
-                first_seen_ts=ctx.ts,
-                last_seen_ts=ctx.ts,
             )
         )
 

@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import BadInput
-from agent.schema import Device, GpuSample, Process, ProcessSample, as_row, columns
+from agent.schema import (
+    Device,
+    GpuSample,
+    Process,
+    ProcessSample,
+    as_row,
+    columns,
+    observed_process,
+)
 from agent.store import Store
 
 SOURCE = "nvidia-smi"
@@ -497,20 +505,8 @@ def _import_apps(
         )
         name = row.get("process_name", "").strip() or None
         first = procs[pid].first_seen_ts if pid in procs else ts
-        procs[pid] = Process(
-            node=node,
-            pid=pid,
-            start_ticks=None,
-            comm=Path(name).name if name else None,
-            cmdline=name,
-            user=None,
-            cgroup=None,
-            slurm_job_id=None,
-            k8s_pod_uid=None,
-            container_id=None,
-            systemd_unit=None,
-            first_seen_ts=min(first, ts),
-            last_seen_ts=ts,
+        procs[pid] = observed_process(
+            node, pid, min(first, ts), ts, comm=Path(name).name if name else None, cmdline=name
         )
     with store.staging(ProcessSample) as stage:
         stage.add([as_row(s) for s in samples])

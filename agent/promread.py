@@ -30,7 +30,6 @@ How a window is read:
 from __future__ import annotations
 
 import base64
-import dataclasses
 import http.client
 import itertools
 import json
@@ -43,7 +42,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +64,10 @@ from agent.vocabulary import (
     NODE_EXPORTER_HOST,
     NODE_EXPORTER_INFINIBAND,
     SERIES_VOCABULARIES,
+    Holder,
     SeriesVocabulary,
+    holder_records,
+    holder_ticks,
     mig_name,
     mig_uuid,
 )
@@ -644,32 +645,24 @@ def _write_devices(client: Client, plan: _Plan, names: set[str], store: Store, g
 
 
 def _write_holders(store: Store, gpus: _Gpus) -> None:
-    """Each pod or job that held a GPU becomes one synthetic process (its pid a hash of its
-    name), so the analyzer's tenancy sees who held which GPU, as it does for agent data."""
+    """Each pod or job that held a GPU becomes the records ``holder_records`` makes, so the
+    analyzer's tenancy sees who held which GPU, as it does for agent data."""
     if not gpus.holders:
         return
-    processes: dict[tuple[str, str], Process] = {}
-    pods: dict[tuple[str, str], Pod] = {}
+    seen: dict[tuple[str, Holder], tuple[float, float]] = {}
     samples = []
     for ts, node, uuid, namespace, pod, container, job, memory in gpus.holders:
-        key = f"{namespace}/{pod}" if pod else f"job {job}"
-        pid = zlib.crc32(key.encode()) & 0x3FFFFFFF
-        if (node, key) not in processes:
-            processes[(node, key)] = Process(
-                node=node, pid=pid, start_ticks=None, comm=container or None, cmdline=None,
-                user=None, cgroup=None, slurm_job_id=job or None,
-                k8s_pod_uid=key if pod else None, container_id=None, systemd_unit=None,
-                first_seen_ts=ts, last_seen_ts=ts,
-            )  # fmt: skip
-            if pod:
-                pods[(node, key)] = Pod(node, key, namespace or "default", pod, ts)
-        p = processes[(node, key)]
-        processes[(node, key)] = dataclasses.replace(
-            p, first_seen_ts=min(p.first_seen_ts, ts), last_seen_ts=max(p.last_seen_ts, ts)
-        )
+        holder: Holder = (namespace, pod, container, job)
+        first, last = seen.get((node, holder), (ts, ts))
+        seen[(node, holder)] = (min(first, ts), max(last, ts))
         memory_bytes = None if memory is None else round(memory)
-        samples.append(ProcessSample(ts, node, uuid, pid, None, memory_bytes, None, SOURCE))
-    store.add([*processes.values(), *pods.values()])
+        ticks = holder_ticks(*holder)
+        samples.append(ProcessSample(ts, node, uuid, 0, ticks, memory_bytes, None, SOURCE))
+    keyed: list[Process | Pod] = []
+    for (node, who), (first, last) in seen.items():
+        process, named = holder_records(node, who, first, last)
+        keyed += [process, named] if named else [process]
+    store.add(keyed)
     store.flush()
     for i in range(0, len(samples), 100_000):
         store.write_now(samples[i : i + 100_000])

@@ -133,6 +133,37 @@ class Process:
     last_seen_ts: float
 
 
+def observed_process(
+    node: str,
+    pid: int,
+    first_seen_ts: float,
+    last_seen_ts: float,
+    *,
+    start_ticks: int | None = None,
+    comm: str | None = None,
+    cmdline: str | None = None,
+    slurm_job_id: str | None = None,
+    k8s_pod_uid: str | None = None,
+) -> Process:
+    """A process as an import or a scrape sees it: what the source says, ``None`` for the
+    attribution only /proc could give (user, cgroup, container, unit)."""
+    return Process(
+        node=node,
+        pid=pid,
+        start_ticks=start_ticks,
+        comm=comm,
+        cmdline=cmdline,
+        user=None,
+        cgroup=None,
+        slurm_job_id=slurm_job_id,
+        k8s_pod_uid=k8s_pod_uid,
+        container_id=None,
+        systemd_unit=None,
+        first_seen_ts=first_seen_ts,
+        last_seen_ts=last_seen_ts,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Pod:
     """A Kubernetes pod's name for the UID attribution found (from the API server)."""

@@ -8,7 +8,10 @@ dcgm-exporter scrape (shared/data/dcgm-exporter-scrape) and dcgm-exporter's defa
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+
+from agent.schema import Pod, Process, observed_process
 
 #: dcgm-exporter's names, units and labels, for dashboards built on it (NVIDIA's Grafana
 #: dashboard 12239). Source: a real dcgm-exporter scrape (shared/data/dcgm-exporter-scrape) and
@@ -295,3 +298,45 @@ NODE_EXPORTER_INFINIBAND: tuple[tuple[str, str], ...] = (
     ("node_infiniband_port_data_received_bytes_total", "rx"),
     ("node_infiniband_port_data_transmitted_bytes_total", "tx"),
 )
+
+
+# -- who held a GPU, from a series' labels -------------------------------------------------------
+
+
+#: Who held a GPU, from a series' labels: (namespace, pod, container, HPC job).
+Holder = tuple[str | None, str | None, str | None, str | None]
+
+
+def holder_ticks(*names: str | None) -> int:
+    """A stable stand-in for ``start_ticks`` of a holder that has no process id."""
+    digest = hashlib.sha1("\x1f".join(n or "" for n in names).encode()).digest()
+    return int.from_bytes(digest[:7], "big")
+
+
+def holder_records(
+    node: str,
+    holder: Holder,
+    first_seen_ts: float,
+    last_seen_ts: float,
+) -> tuple[Process, Pod | None]:
+    """A (namespace, pod, container, hpc_job) holder of dcgm-exporter's (or aiscope's) labels as
+    the records the analyzer's tenancy reads: a process with pid 0 (a series has no pid) whose
+    ``start_ticks`` is a hash of the holder; with a namespace, its pod UID ``<namespace>/<pod>``
+    (dcgm-exporter gives no UID) and a ``pods`` row naming it; without one, the label is the UID
+    (aiscope's ``pod_uid``); a job is the Slurm job. Its samples join on ``(pid 0,
+    holder_ticks(*holder))``."""
+    namespace, pod, container, job = holder
+    uid = (f"{namespace}/{pod}" if namespace else pod) if pod else None
+    process = observed_process(
+        node,
+        0,
+        first_seen_ts,
+        last_seen_ts,
+        start_ticks=holder_ticks(*holder),
+        comm=container or pod or job,
+        slurm_job_id=job or None,
+        k8s_pod_uid=uid,
+    )
+    if not (pod and namespace):
+        return process, None
+    return process, Pod(node, f"{namespace}/{pod}", namespace, pod, last_seen_ts)
