@@ -97,6 +97,9 @@ class GpuVerdict:
     confidence: float
     evidence: tuple[str, ...]
     segments: tuple[Segment, ...]
+    #: The physical references the GPU was judged against (the detectors measure against the
+    #: same ones, not a second computation).
+    ref: PowerRef | None = None
 
 
 def class_at(verdict: GpuVerdict, t: float) -> str:
@@ -179,10 +182,10 @@ def classify(data: FleetData, thresholds: Thresholds | None = None) -> list[GpuV
     for gpu in data.gpus:
         buckets = list(data.buckets.get(gpu.uuid, ()))
         spans[gpu.uuid] = _segment(gpu, refs[gpu.uuid], buckets, th)
-    _recurrence(spans)
+    recurring = _recurrence(spans)
     for group in spans.values():
         for span in group:
-            span.features = _features(span, data, th, span.features.recurring)
+            span.features = _features(span, data, th, recurring.get(id(span), 0))
     _cross_gpu([s for group in spans.values() for s in group], th)
     decided: dict[int, tuple[str, float, list[str]]] = {}
     for group in spans.values():
@@ -191,7 +194,7 @@ def classify(data: FleetData, thresholds: Thresholds | None = None) -> list[GpuV
                 decided[id(s)] = _decide(s, data.hints.get(s.gpu.uuid, ()), th)
     _agree_in_lockstep(spans, decided)
     return [
-        _overall(gpu, [_segment_of(s, decided, data, th) for s in spans[gpu.uuid]])
+        _overall(gpu, [_segment_of(s, decided, data, th) for s in spans[gpu.uuid]], refs[gpu.uuid])
         for gpu in data.gpus
     ]
 
@@ -490,17 +493,21 @@ def _aligned_r(a: dict[float, float], b: dict[float, float]) -> float:
     return pearson([a[k] for k in keys], [b[k] for k in keys])
 
 
-def _recurrence(spans: dict[str, list[_Span]]) -> None:
-    """Held spans that recur at about the same hour on other days (batch windows). A span cut
-    by the window's edge is compared by its intact end, without its length."""
+def _recurrence(spans: dict[str, list[_Span]]) -> dict[int, int]:
+    """How many other held spans of its GPU each held span (by ``id``) recurs with, at about the
+    same hour on other days (batch windows). A span cut by the window's edge is compared by its
+    intact end, without its length."""
+    counts: dict[int, int] = {}
     for group in spans.values():
         if not group:
             continue
         first, last = group[0].start, group[-1].end
         held_spans = [s for s in group if s.occupied]
         for s in held_spans:
-            count = sum(1 for o in held_spans if o is not s and _same_window(s, o, first, last))
-            s.features = Features(0.0, 0, "none", recurring=count)
+            counts[id(s)] = sum(
+                1 for o in held_spans if o is not s and _same_window(s, o, first, last)
+            )
+    return counts
 
 
 def _hour(ts: float) -> float:
@@ -843,9 +850,9 @@ def _describe(f: Features) -> str:
     return ", ".join(parts)
 
 
-def _overall(gpu: GpuInfo, segments: list[Segment]) -> GpuVerdict:
+def _overall(gpu: GpuInfo, segments: list[Segment], ref: PowerRef) -> GpuVerdict:
     if not segments:
-        return GpuVerdict(gpu, "idle", 0.5, ("no samples in the window",), ())
+        return GpuVerdict(gpu, "idle", 0.5, ("no samples in the window",), (), ref)
     share: dict[str, float] = {}
     for seg in segments:
         share[seg.gpu_class] = share.get(seg.gpu_class, 0.0) + seg.end - seg.start
@@ -864,4 +871,4 @@ def _overall(gpu: GpuInfo, segments: list[Segment]) -> GpuVerdict:
     evidence = [f"{best} for {share[best] / total:.0%} of the window", *longest.evidence]
     if share.get("idle", 0.0) > 0 and best != "idle":
         evidence.append(f"idle for {share['idle'] / total:.0%}")
-    return GpuVerdict(gpu, best, confidence, tuple(evidence), tuple(segments))
+    return GpuVerdict(gpu, best, confidence, tuple(evidence), tuple(segments), ref)

@@ -113,7 +113,8 @@ class Context:
 
 def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds) -> Context:
     by_uuid = {v.info.uuid: v for v in verdicts}
-    refs = references(data, thresholds)
+    judged = {v.info.uuid: v.ref for v in verdicts if v.ref is not None}
+    refs = judged if len(judged) == len(data.gpus) else references(data, thresholds)
     views = {}
     for gpu in data.gpus:
         buckets = data.buckets.get(gpu.uuid, ())
