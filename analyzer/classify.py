@@ -43,7 +43,7 @@ from typing import Any
 
 from agent.schema import GpuClass
 from analyzer.load import Bucket, FleetData, GpuInfo
-from analyzer.reference import PowerRef, held, references
+from analyzer.reference import PowerRef, computed, held, references
 from analyzer.thresholds import Thresholds
 
 CLASSES = tuple(GpuClass)
@@ -207,15 +207,8 @@ def _load(b: Bucket, ref: PowerRef) -> float | None:
     return b.util if b.util is not None else ref.load(b.power_watts)
 
 
-def _active(b: Bucket, ref: PowerRef, th: Thresholds) -> bool | None:
-    if b.util_max is not None:
-        return b.util_max > th.idle_util_ratio
-    load = ref.load(b.power_watts)
-    return None if load is None else load > 2 * th.idle_util_ratio
-
-
 def _occupied(b: Bucket, ref: PowerRef, th: Thresholds) -> bool:
-    return held(b, ref.memory_total_bytes, th) or bool(_active(b, ref, th))
+    return held(b, ref.memory_total_bytes, th) or bool(computed(b, ref, th))
 
 
 def _segment(gpu: GpuInfo, ref: PowerRef, buckets: list[Bucket], th: Thresholds) -> list[_Span]:
@@ -272,7 +265,7 @@ def _features(span: _Span, data: FleetData, th: Thresholds, recurring: int) -> F
     util_known = any(x.util is not None for x in b)
     source = "utilization" if util_known else "power" if ref.limit_watts else "none"
     loads = [v for x in b if (v := _load(x, ref)) is not None]
-    active = [a for x in b if (a := _active(x, ref, th)) is not None]
+    active = [a for x in b if (a := computed(x, ref, th)) is not None]
     busy_at = th.busy_util_ratio if source == "utilization" else th.busy_power_ratio
     f: dict[str, Any] = {"hours": hours, "samples": samples, "load_source": source}
     if loads and source != "none":
@@ -306,7 +299,7 @@ def _gaps(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str
     longest, run, sessions, hours = 0, 0, 0, set()
     gap_buckets = max(int(th.session_gap_seconds // step), 1)
     for x in b:
-        if _active(x, ref, th):
+        if computed(x, ref, th):
             if run >= gap_buckets or sessions == 0:
                 sessions += 1
             run = 0
@@ -321,7 +314,7 @@ def _gaps(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str
     # Requests that arrive at random leave gaps no longer than chance makes them: with compute in
     # a share ``a`` of n intervals, the longest run without is about ln(n) / -ln(1 - a). A
     # notebook's gaps (nights, meetings) are much longer than that.
-    a = min(max(sum(1 for x in b if _active(x, ref, th)) / len(b), 0.01), 0.99)
+    a = min(max(sum(1 for x in b if computed(x, ref, th)) / len(b), 0.01), 0.99)
     expected = math.log(max(len(b), 2)) / -math.log(1.0 - a)
     out["gaps_by_chance"] = longest <= max(2.0 * expected, th.serving_max_gap_seconds / step)
     if len(b) * step >= 86400 * 0.9:

@@ -15,7 +15,7 @@ from typing import Any
 
 from analyzer.classify import GpuVerdict, class_at
 from analyzer.load import Bucket, CgroupBucket, FleetData, GpuInfo, HostBucket, TenantBucket
-from analyzer.reference import PowerRef, held, references
+from analyzer.reference import PowerRef, computed, held, references
 from analyzer.thresholds import Thresholds
 
 GIB = float(1 << 30)
@@ -64,17 +64,9 @@ class GpuView:
     def held(self, b: Bucket, th: Thresholds) -> bool:
         return held(b, self.ref.memory_total_bytes, th)
 
-    def computed(self, b: Bucket, th: Thresholds) -> bool | None:
-        """Whether the GPU ran kernels in ``b``: from utilization, else from power against its
-        physical range; ``None`` when neither was reported (absent is not zero)."""
-        if b.util_max is not None:
-            return b.util_max > th.idle_util_ratio
-        load = self.ref.load(b.power_watts)
-        return None if load is None else load > 2 * th.idle_util_ratio
-
     def compute_free(self, b: Bucket, th: Thresholds) -> bool:
         """Held, and measured to run nothing (not merely unmeasured)."""
-        return self.held(b, th) and self.computed(b, th) is False
+        return self.held(b, th) and computed(b, self.ref, th) is False
 
     def main_tenant(self, t: float) -> str | None:
         """The tenant holding the most memory at ``t``; in an interval without process samples

@@ -87,6 +87,15 @@ def held(b: Bucket, total: float | None, th: Thresholds) -> bool:
     return held_bytes(b.memory_bytes, total, th)
 
 
+def computed(b: Bucket, ref: PowerRef, th: Thresholds) -> bool | None:
+    """Whether the GPU ran kernels in ``b``: from utilization, else from power against its
+    physical range; ``None`` when neither was reported (absent is not zero)."""
+    if b.util_max is not None:
+        return b.util_max > th.idle_util_ratio
+    load = ref.load(b.power_watts)
+    return None if load is None else load > 2 * th.idle_util_ratio
+
+
 def references(data: FleetData, th: Thresholds) -> dict[str, PowerRef]:
     """Every GPU's references (one pass over the buckets; one median per model)."""
     idle_by_model: dict[str, list[float]] = {}
