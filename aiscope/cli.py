@@ -402,7 +402,10 @@ SinceOption = Annotated[str, typer.Option(help="Window length, ending at the new
 WaitOption = Annotated[float, typer.Option(help="Seconds to wait for an agent to release a store.")]
 ThresholdsOption = Annotated[
     Path | None,
-    typer.Option(help="TOML file whose [thresholds] table overrides the findings' defaults."),
+    typer.Option(
+        help="TOML file: [thresholds] overrides the findings' defaults; [owners] (teams, "
+        "accounts) and [prices] (per GPU-hour, per kWh) drive owners[] and costs."
+    ),
 ]
 PrometheusOption = Annotated[
     str | None,
@@ -551,18 +554,20 @@ def _analysis(
     ``--prometheus`` server (``source``)."""
     from agent.config import default_store  # noqa: PLC0415
     from analyzer.analysis import analyze  # noqa: PLC0415
+    from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
 
     thresholds = from_file(config)
+    accounting = accounting_from_file(config)
     if source is not None:
         from aiscope.prometheus import analyze_prometheus  # noqa: PLC0415
 
         with _progress(f"reading {source.url}") as update:
-            doc = analyze_prometheus(source, since, thresholds)
+            doc = analyze_prometheus(source, since, thresholds, accounting)
             update(1.0)
         return doc
     with _progress("analyzing") as update:
-        doc = analyze(store or [str(default_store())], since, wait, thresholds)
+        doc = analyze(store or [str(default_store())], since, wait, thresholds, accounting)
         update(1.0)
     return doc
 

@@ -16,11 +16,15 @@ from agent.promread import PrometheusSource, read
 from agent.store import Store
 from analyzer.analysis import analyze, parse_duration
 from analyzer.load import bucket_for
+from analyzer.prices import Accounting
 from analyzer.thresholds import Thresholds
 
 
 def analyze_prometheus(
-    source: PrometheusSource, since: str, thresholds: Thresholds | None = None
+    source: PrometheusSource,
+    since: str,
+    thresholds: Thresholds | None = None,
+    accounting: Accounting | None = None,
 ) -> dict[str, Any]:
     """The analysis document of the window ``since`` long that ends at the server's newest
     GPU sample; ``doc["source"]`` says where it came from and ``doc["timing"]`` how long the
@@ -35,7 +39,7 @@ def analyze_prometheus(
         finally:
             store.close()
         fetched = time.monotonic()
-        doc = analyze([str(path)], since, thresholds=thresholds)
+        doc = analyze([str(path)], since, thresholds=thresholds, accounting=accounting)
         analyzed = time.monotonic()
     doc["stores"] = []
     doc["source"] = report.to_json()

@@ -12,6 +12,8 @@ from analyzer.classify import GpuVerdict, classify
 from analyzer.context import Finding, to_json
 from analyzer.findings import find_all
 from analyzer.load import InputError, expand, load
+from analyzer.owners import account
+from analyzer.prices import Accounting
 from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
 from analyzer.summary import sparkline, summarize
@@ -39,17 +41,21 @@ def analyze(
     since: str = "7d",
     timeout: float = 10.0,
     thresholds: Thresholds | None = None,
+    accounting: Accounting | None = None,
 ) -> dict[str, Any]:
-    """Run every analysis over the window and return the contract's JSON document."""
+    """Run every analysis over the window and return the contract's JSON document
+    (``accounting``: teams, accounts and prices for ``owners[]`` and ``bill``)."""
     seconds = parse_duration(since)
     paths: list[Path] = expand(stores)
     data = load(paths, seconds, timeout=timeout)
     verdicts = classify(data, thresholds)
     results = find_all(data, verdicts, thresholds)
     recommendations, skipped = run_all(data, verdicts, results.findings)
+    books = account(data, verdicts, results.findings, thresholds, accounting)
     findings = []
-    for f in results.findings:
+    for f, owned in zip(results.findings, books.findings, strict=True):
         entry = to_json(f, iso)
+        entry.update(owned)  # its owner, and its cost when prices are set
         entry["series"] = sparkline(data, f)
         findings.append(entry)
     summary = summarize(data, verdicts, results.findings)
@@ -62,6 +68,8 @@ def analyze(
         "summary": summary,
         "findings": findings,
         "recommendations": [recommendation_json(r) for r in recommendations],
+        "owners": list(books.owners),
+        "bill": books.bill,
         # Strategies that could not run, and why (not enough history, no inference GPU, ...).
         "not_enough_data": [{"kind": n.kind, "reason": n.reason} for n in skipped],
     }

@@ -126,6 +126,8 @@ class Tenant:
     user: str | None
     cgroup: str | None
     command: str
+    namespace: str | None = None  # a pod's namespace, when the pod's name is known
+    slurm_job_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +305,7 @@ def _materialize_tenancy(
         f"CREATE TABLE tenancy AS SELECT s.uuid, {TENANT_SQL} AS tenant, "
         "floor(s.ts / $b) * $b AS start, any_value(p.user) AS usr, any_value(p.cgroup) AS cg, "
         "any_value(coalesce(p.comm, '') || ' ' || coalesce(p.cmdline, '')) AS cmd, "
+        "any_value(k.namespace) AS ns, any_value(p.slurm_job_id) AS job, "
         "sum(s.used_memory_bytes) / count(DISTINCT s.ts) AS mem, "
         "sum(s.sm_utilization_ratio) / count(DISTINCT s.ts) AS sm "
         f"FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) s "
@@ -433,10 +436,126 @@ def _fetch_tenancy(
 ) -> tuple[dict[str, Tenant], dict[str, tuple[TenantBucket, ...]]]:
     tenants: dict[str, Tenant] = {}
     tenancy: dict[str, list[TenantBucket]] = {}
-    for uuid, name, start, user, cgroup, cmd, mem, sm in con.execute(
-        "SELECT uuid, tenant, start, usr, cg, cmd, mem, sm FROM tenancy "
+    for uuid, name, start, user, cgroup, cmd, mem, sm, ns, job in con.execute(
+        "SELECT uuid, tenant, start, usr, cg, cmd, mem, sm, ns, job FROM tenancy "
         "ORDER BY uuid, start, tenant"
     ).fetchall():
-        tenants.setdefault(name, Tenant(name, user, cgroup, cmd.strip()))
+        tenants.setdefault(name, Tenant(name, user, cgroup, cmd.strip(), ns, job))
         tenancy.setdefault(uuid, []).append(TenantBucket(start, name, mem, sm))
     return tenants, {k: tuple(v) for k, v in tenancy.items()}
+
+
+# -- one workload's holdings and usage (``aiscope job``) ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """One workload on one GPU, over the whole store: who (every id it is known by), where, when,
+    and the peak memory of its own processes there."""
+
+    tenant: str  # the analysis's name for it: 'slurm job 41000', 'pod ns/name', 'unit x'
+    slurm_job_id: str | None
+    pod_uid: str | None
+    pod_namespace: str | None
+    pod_name: str | None
+    systemd_unit: str | None
+    user: str | None
+    node: str
+    uuid: str
+    first_ts: float
+    last_ts: float
+    memory_max_bytes: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Holdings:
+    """Every workload the stores saw, the newest GPU sample, and each node's newest process scan
+    (a workload seen in it is still running)."""
+
+    holdings: tuple[Holding, ...]
+    newest_ts: float | None
+    newest_scan_ts: dict[str, float]
+    devices: tuple[tuple[str, str, int], ...] = ()  # (node, uuid, index) of every GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """One GPU over one span, from the raw samples: means and peaks; ``None`` when not reported."""
+
+    samples: int
+    util_mean: float | None
+    util_p95: float | None
+    util_max: float | None
+    sm_active_mean: float | None
+    memory_max_bytes: float | None
+    power_mean_watts: float | None
+    power_max_watts: float | None
+    memory_total_bytes: float | None
+    power_limit_watts: float | None
+
+
+def holdings(paths: list[Path], timeout: float = 10.0) -> Holdings:
+    """Every (workload, GPU) the stores' process samples show, with the workload's ids."""
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    aliases = [f"s{i}" for i in range(len(paths))]
+    try:
+        for alias, path in zip(aliases, paths, strict=True):
+            sf.attach_read_only(con, alias, path, timeout)
+        rows = con.execute(
+            f"SELECT tenant, any_value(job), any_value(uid), any_value(ns), any_value(pod), "
+            "any_value(unit), any_value(usr), node, uuid, min(ts), max(ts), max(mem) FROM ("
+            f"SELECT {TENANT_SQL} AS tenant, p.slurm_job_id AS job, p.k8s_pod_uid AS uid, "
+            "k.namespace AS ns, k.name AS pod, p.systemd_unit AS unit, p.user AS usr, "
+            "s.node, s.uuid, s.ts, sum(s.used_memory_bytes) OVER "
+            f"(PARTITION BY {TENANT_SQL}, s.node, s.uuid, s.ts) AS mem "
+            f"FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) s "
+            f"JOIN ({_union(aliases, sf.PROCESSES)}) p ON p.node = s.node AND p.pid = s.pid "
+            "AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
+            f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid"
+            ") GROUP BY tenant, node, uuid ORDER BY tenant, node, uuid"
+        ).fetchall()
+        newest = con.execute(f"SELECT max(ts) FROM ({_union(aliases, sf.GPU_SAMPLES)})").fetchone()
+        scans = con.execute(
+            f"SELECT node, max(ts) FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) GROUP BY node"
+        ).fetchall()
+        devices = con.execute(
+            f"SELECT DISTINCT node, uuid, gpu_index FROM ({_union(aliases, sf.DEVICES)}) "
+            "ORDER BY 1, 3, 2"
+        ).fetchall()
+    finally:
+        con.close()
+    return Holdings(
+        tuple(Holding(*row) for row in rows),
+        None if newest is None or newest[0] is None else float(newest[0]),
+        {node: float(ts) for node, ts in scans},
+        tuple((str(n), str(u), int(i)) for n, u, i in devices),
+    )
+
+
+def usage(
+    paths: list[Path], spans: list[tuple[str, str, float, float]], timeout: float = 10.0
+) -> dict[tuple[str, str], Usage]:
+    """Per (node, uuid, start, end) span: the GPU's raw samples in ``[start, end]`` summarized."""
+    if not spans:
+        return {}
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    aliases = [f"s{i}" for i in range(len(paths))]
+    try:
+        for alias, path in zip(aliases, paths, strict=True):
+            sf.attach_read_only(con, alias, path, timeout)
+        con.execute("CREATE TEMP TABLE spans (node VARCHAR, uuid VARCHAR, s DOUBLE, e DOUBLE)")
+        con.executemany("INSERT INTO spans VALUES (?, ?, ?, ?)", spans)
+        rows = con.execute(
+            "SELECT w.node, w.uuid, count(g.ts), avg(g.utilization_gpu_ratio), "
+            "quantile_cont(g.utilization_gpu_ratio, 0.95), max(g.utilization_gpu_ratio), "
+            "avg(g.sm_active_ratio), max(g.memory_used_bytes), avg(g.power_watts), "
+            "max(g.power_watts), any_value(d.total), any_value(d.lim) FROM spans w "
+            f"LEFT JOIN ({_union(aliases, sf.GPU_SAMPLES)}) g ON g.node = w.node "
+            "AND g.uuid = w.uuid AND g.ts >= w.s AND g.ts <= w.e LEFT JOIN (SELECT node, uuid, "
+            "max(memory_total_bytes) AS total, max(power_limit_watts) AS lim "
+            f"FROM ({_union(aliases, sf.DEVICES)}) GROUP BY ALL) d "
+            "ON d.node = w.node AND d.uuid = w.uuid GROUP BY w.node, w.uuid"
+        ).fetchall()
+    finally:
+        con.close()
+    return {(node, uuid): Usage(int(n), *rest) for node, uuid, n, *rest in rows}

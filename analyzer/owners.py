@@ -1,0 +1,374 @@
+"""Owners and money: the window's GPU-hours per owner, shared GPUs split by measured share, and
+what they cost, so that the owners' lines add up to the fleet's bill.
+
+Every GPU-interval (bucket) of the window is accounted exactly once:
+
+* held by one workload (a Slurm job, a pod, a systemd unit, a process): all of it to that
+  workload's owner;
+* held by several at once (time-slicing, MPS): split by each workload's own SM utilization from
+  NVML's per-process samples when every one of them reports it and together they ran something,
+  else by the memory each holds, else evenly; the owner's evidence says how much was split how;
+* held by nobody: ``(unowned)`` when the GPU sat idle (``idle_gpu_hours``, the idle capacity
+  nobody is charged for), ``(unattributed)`` when it held memory or computed but no process was
+  seen (an import without process data, a process in a PID namespace the agent cannot see).
+
+A workload's owner is the first team in ``[owners.teams]`` that names its user, namespace or
+account; else its pod's namespace; else its Slurm job's account (``[owners.accounts]``); else its
+user (the process's uid as the agent resolved it); else ``(unattributed)``.
+
+With ``[prices]``, an interval costs its GPU-hours times its GPU model's price, plus its measured
+energy (mean power times length) times the price per kWh; each owner's ``cost`` is its share of
+that, and each finding's ``cost`` is its lost GPU-hours times its GPU's price. The ``bill`` is the
+sum over every interval, so the owners' costs add up to it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.schema import GpuClass
+from analyzer.classify import CLASSES, GpuVerdict
+from analyzer.context import CARRY_SECONDS, Context, Finding, GpuView, context
+from analyzer.idle_held import NO_PROCESS
+from analyzer.load import Bucket, FleetData, Tenant, TenantBucket
+from analyzer.prices import Accounting
+from analyzer.thresholds import Thresholds
+
+UNOWNED = "(unowned)"
+UNATTRIBUTED = "(unattributed)"
+#: How an interval's GPU-hours went to its holders.
+BASES = ("alone", "sm", "memory", "even")
+_BASIS_WORDS = {
+    "sm": "per-process SM utilization",
+    "memory": "memory held",
+    "even": "evenly (no per-process measure)",
+}
+_JOULES_PER_KWH = 3.6e6
+
+
+@dataclass(slots=True)
+class _Owner:
+    name: str
+    kind: str
+    gpu_hours: dict[str, float] = field(default_factory=dict)
+    idle_gpu_hours: float = 0.0
+    lost: dict[str, float] = field(default_factory=dict)  # finding kind -> GPU-hours
+    energy_kwh: float = 0.0
+    cost: float = 0.0
+    waste_cost: float = 0.0
+    basis: dict[str, float] = field(default_factory=dict)  # split basis -> GPU-hours
+    gpus: set[str] = field(default_factory=set)
+    workloads: dict[str, float] = field(default_factory=dict)
+    members: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class Books:
+    """The accounting of one window: the owners, the bill, and each finding's owner and cost
+    (aligned with the findings given)."""
+
+    owners: tuple[dict[str, Any], ...]
+    bill: dict[str, Any]
+    findings: tuple[dict[str, Any], ...]
+
+
+def account(
+    data: FleetData,
+    verdicts: list[GpuVerdict],
+    findings: tuple[Finding, ...],
+    thresholds: Thresholds | None = None,
+    accounting: Accounting | None = None,
+) -> Books:
+    """Account every GPU-interval of the window to an owner, and price it."""
+    ctx = context(data, verdicts, thresholds or Thresholds())
+    ledger = _Ledger(ctx, accounting or Accounting())
+    for view in ctx.views.values():
+        ledger.add_gpu(view)
+    per_finding = tuple(ledger.add_finding(f) for f in findings)
+    return Books(ledger.owners_json(), ledger.bill_json(), per_finding)
+
+
+class _Ledger:
+    def __init__(self, ctx: Context, accounting: Accounting) -> None:
+        self.ctx = ctx
+        self.acc = accounting
+        self.owners: dict[str, _Owner] = {}
+        self.gpu_hours = 0.0
+        self.energy_kwh = 0.0
+        self.energy_hours = 0.0  # GPU-hours whose power was measured
+        self.gpu_cost = 0.0
+        self.waste: dict[str, float] = {}
+        self.models: dict[str, dict[str, Any]] = {}
+
+    # -- intervals --------------------------------------------------------------------------
+
+    def add_gpu(self, view: GpuView) -> None:
+        hours = self.ctx.bucket_hours
+        price = self._price(view)
+        for b in view.buckets:
+            cls = view.class_at(b.start)
+            kwh = (b.power_watts or 0.0) * self.ctx.data.bucket_seconds / _JOULES_PER_KWH
+            cost = None if price is None else hours * price + kwh * (self._kwh_price() or 0.0)
+            self.gpu_hours += hours
+            self.energy_kwh += kwh
+            self.energy_hours += hours if b.power_watts is not None else 0.0
+            self.gpu_cost += 0.0 if price is None else hours * price
+            present = _present(view, b.start)
+            if not present:
+                self._unheld(view, b, cls, hours, kwh, cost)
+                continue
+            idle = view.compute_free(b, self.ctx.thresholds)
+            for tenant, share, basis in split(present):
+                owner = self._owner(*self.owner_of(tenant))
+                owner.workloads[tenant] = owner.workloads.get(tenant, 0.0) + hours * share
+                self._charge(owner, view, cls, hours * share, kwh * share, cost, share, basis)
+                owner.idle_gpu_hours += hours * share if idle else 0.0
+        self._model(view, price)
+
+    def _unheld(
+        self, view: GpuView, b: Bucket, cls: str, hours: float, kwh: float, cost: float | None
+    ) -> None:
+        """An interval no process was seen holding: idle capacity, or unattributed use."""
+        held = view.held(b, self.ctx.thresholds)
+        if cls == GpuClass.IDLE and not held:
+            owner = self._owner(UNOWNED, "unowned")
+            owner.idle_gpu_hours += hours
+        else:
+            owner = self._owner(UNATTRIBUTED, "unattributed")
+            owner.idle_gpu_hours += hours if view.compute_free(b, self.ctx.thresholds) else 0.0
+        self._charge(owner, view, cls, hours, kwh, cost, 1.0, "alone")
+
+    def _charge(
+        self,
+        owner: _Owner,
+        view: GpuView,
+        cls: str,
+        hours: float,
+        kwh: float,
+        cost: float | None,
+        share: float,
+        basis: str,
+    ) -> None:
+        owner.gpu_hours[cls] = owner.gpu_hours.get(cls, 0.0) + hours
+        owner.energy_kwh += kwh
+        owner.cost += 0.0 if cost is None else cost * share
+        owner.basis[basis] = owner.basis.get(basis, 0.0) + hours
+        owner.gpus.add(view.info.uuid)
+
+    # -- owners -----------------------------------------------------------------------------
+
+    def owner_of(self, tenant_name: str) -> tuple[str, str, str | None]:
+        """(owner, kind, member) of a workload; ``member`` names it within a team."""
+        tenant = self.ctx.data.tenants.get(tenant_name)
+        if tenant is None:
+            return UNATTRIBUTED, "unattributed", None
+        attrs = self._attrs(tenant)
+        member = _member(attrs)
+        team = self.acc.team_of(attrs)
+        if team is not None:
+            return team, "team", member
+        for kind in ("namespace", "account", "user"):
+            if attrs[kind]:
+                return str(attrs[kind]), kind, member
+        return UNATTRIBUTED, "unattributed", None
+
+    def _attrs(self, tenant: Tenant) -> Mapping[str, str | None]:
+        # A Slurm job's account is not in the store (the agent reads /proc, and the account is
+        # only in the job's environment and in slurmdbd): [owners.accounts] maps users to it.
+        account = self.acc.account_of(tenant.user) if tenant.slurm_job_id else None
+        return {"user": tenant.user, "namespace": tenant.namespace, "account": account}
+
+    def _owner(self, name: str, kind: str, member: str | None = None) -> _Owner:
+        owner = self.owners.get(f"{kind}\0{name}")
+        if owner is None:
+            owner = self.owners[f"{kind}\0{name}"] = _Owner(name, kind)
+        if member is not None:
+            owner.members.add(member)
+        return owner
+
+    # -- prices -----------------------------------------------------------------------------
+
+    def _price(self, view: GpuView) -> float | None:
+        prices = self.acc.prices
+        return None if prices is None else prices.per_gpu_hour(view.info.model)
+
+    def _kwh_price(self) -> float | None:
+        return None if self.acc.prices is None else self.acc.prices.kwh
+
+    def _model(self, view: GpuView, price: float | None) -> None:
+        model = view.info.model or "(unknown model)"
+        entry = self.models.setdefault(
+            model,
+            {
+                "model": model,
+                "gpus": 0,
+                "gpu_hour": price,
+                "matched": None if self.acc.prices is None else self.acc.prices.matched(model),
+            },
+        )
+        entry["gpus"] += 1
+
+    # -- findings ---------------------------------------------------------------------------
+
+    def add_finding(self, f: Finding) -> dict[str, Any]:
+        """The finding's owner and cost; its lost GPU-hours are added to its owner's."""
+        view = self.ctx.views.get(f.uuid)
+        price = None if view is None else self._price(view)
+        cost = None if price is None else f.gpu_hours_lost * price
+        names = self._finding_tenants(f)
+        owners = [self.owner_of(n) for n in names] or [(UNATTRIBUTED, "unattributed", None)]
+        for name, kind, member in owners:
+            owner = self._owner(name, kind, member)
+            owner.lost[f.kind] = owner.lost.get(f.kind, 0.0) + f.gpu_hours_lost / len(owners)
+            if cost is not None and f.kind in ("idle_held", "starved"):
+                owner.waste_cost += cost / len(owners)
+        if cost is not None:
+            self.waste[f.kind] = self.waste.get(f.kind, 0.0) + cost
+        label = " and ".join(sorted({name for name, _, _ in owners}))
+        return {"owner": label, "cost": None if cost is None else round(cost, 2)}
+
+    def _finding_tenants(self, f: Finding) -> list[str]:
+        """The workloads a finding is about: the idle holder(s), the starved job, the victim."""
+        who = f.detail({"idle_held": "holder", "starved": "job"}.get(f.kind, "victim"))
+        if not isinstance(who, str) or who == NO_PROCESS:
+            return []
+        if who in self.ctx.data.tenants:
+            return [who]
+        # idle_held names several holders of one GPU as "A and B"
+        return [n for n in who.split(" and ") if n in self.ctx.data.tenants]
+
+    # -- output -----------------------------------------------------------------------------
+
+    def owners_json(self) -> tuple[dict[str, Any], ...]:
+        priced = self.acc.prices is not None
+        entries = [_owner_json(o, priced) for o in self.owners.values()]
+        special = (UNOWNED, UNATTRIBUTED)
+        entries.sort(
+            key=lambda e: (
+                e["owner"] in special,
+                -(e["cost"] or 0.0),
+                -e["gpu_hours_total"],
+                e["owner"],
+            )
+        )
+        return tuple(entries)
+
+    def bill_json(self) -> dict[str, Any]:
+        prices = self.acc.prices
+        kwh_price = None if prices is None else prices.kwh
+        energy_cost = None if kwh_price is None else self.energy_kwh * kwh_price
+        total = None if prices is None else self.gpu_cost + (energy_cost or 0.0)
+        idle = self.owners.get(f"unowned\0{UNOWNED}")
+        return {
+            "currency": None if prices is None else prices.currency,
+            "gpu_hours": round(self.gpu_hours, 2),
+            "gpu_cost": None if prices is None else round(self.gpu_cost, 2),
+            "energy_kwh": round(self.energy_kwh, 1),
+            # The share of GPU-hours whose power was measured (energy elsewhere is not known).
+            "energy_coverage_ratio": round(self.energy_hours / self.gpu_hours, 3)
+            if self.gpu_hours
+            else None,
+            "energy_cost": None if energy_cost is None else round(energy_cost, 2),
+            "cost": None if total is None else round(total, 2),
+            "waste_cost": None
+            if prices is None
+            else {
+                "idle_unowned": round(idle.cost, 2) if idle else 0.0,
+                "idle_held": round(self.waste.get("idle_held", 0.0), 2),
+                "starved": round(self.waste.get("starved", 0.0), 2),
+                "noisy_neighbor": round(self.waste.get("noisy_neighbor", 0.0), 2),
+            },
+            "kwh_price": kwh_price,
+            "models": sorted(self.models.values(), key=lambda m: str(m["model"])),
+        }
+
+
+def split(present: tuple[TenantBucket, ...]) -> list[tuple[str, float, str]]:
+    """Each holder's share of one interval and how it was measured: alone; by its own SM
+    utilization when every holder reports it and they ran something; else by the memory each
+    holds; else evenly. Holders are summed per tenant (the loader already did)."""
+    if not present:
+        return []
+    if len(present) == 1:
+        return [(present[0].tenant, 1.0, "alone")]
+    sm = [tb.sm_util for tb in present]
+    if all(v is not None for v in sm) and sum(v or 0.0 for v in sm) > 0:
+        total = sum(v or 0.0 for v in sm)
+        return [(tb.tenant, (tb.sm_util or 0.0) / total, "sm") for tb in present]
+    memory = [tb.memory_bytes or 0.0 for tb in present]
+    if sum(memory) > 0:
+        total = sum(memory)
+        return [(tb.tenant, m / total, "memory") for tb, m in zip(present, memory, strict=True)]
+    return [(tb.tenant, 1.0 / len(present), "even") for tb in present]
+
+
+def _present(view: GpuView, t: float) -> tuple[TenantBucket, ...]:
+    """The holders at ``t``; in an interval without process samples, those seen last within
+    ``CARRY_SECONDS`` (a process log sparser than the GPU log), as the detectors do."""
+    present = view.tenants.get(t)
+    if present:
+        return present
+    carried = _carried(view, t)
+    return view.tenants[carried] if carried is not None else ()
+
+
+def _carried(view: GpuView, t: float) -> float | None:
+    times = view.tenant_times
+    i = bisect.bisect_left(times, t)
+    if i == 0 or t - times[i - 1] > CARRY_SECONDS:
+        return None
+    return times[i - 1]
+
+
+def _member(attrs: Mapping[str, str | None]) -> str | None:
+    for kind in ("namespace", "account", "user"):
+        if attrs[kind]:
+            return f"{kind}:{attrs[kind]}"
+    return None
+
+
+def _owner_json(o: _Owner, priced: bool) -> dict[str, Any]:
+    total = sum(o.gpu_hours.values())
+    return {
+        "owner": o.name,
+        "kind": o.kind,
+        "gpu_hours": {c: round(o.gpu_hours.get(c, 0.0), 2) for c in CLASSES},
+        "gpu_hours_total": round(total, 2),
+        "idle_gpu_hours": round(o.idle_gpu_hours, 2),
+        "idle_held_gpu_hours": round(o.lost.get("idle_held", 0.0), 2),
+        "starved_gpu_hours": round(o.lost.get("starved", 0.0), 2),
+        "noisy_neighbor_gpu_hours": round(o.lost.get("noisy_neighbor", 0.0), 2),
+        "energy_kwh": round(o.energy_kwh, 1),
+        "cost": round(o.cost, 2) if priced else None,
+        "waste_cost": round(o.waste_cost, 2) if priced else None,
+        "gpus": len(o.gpus),
+        "members": sorted(o.members),
+        "workloads": [n for n, _ in sorted(o.workloads.items(), key=lambda kv: (-kv[1], kv[0]))],
+        "evidence": _evidence(o, total),
+    }
+
+
+def _evidence(o: _Owner, total: float) -> list[str]:
+    out = []
+    if o.name == UNOWNED:
+        out.append(f"{total:.1f} GPU-hours on GPUs no workload held (idle capacity)")
+    elif o.name == UNATTRIBUTED:
+        out.append(
+            f"{total:.1f} GPU-hours of memory held or compute with no process attributed "
+            "(an import without process data, or a process the agent cannot see)"
+        )
+    shared = {b: h for b, h in o.basis.items() if b != "alone" and h > 0}
+    if shared:
+        parts = [f"{h:.1f} GPU-h by {_BASIS_WORDS[b]}" for b, h in sorted(shared.items())]
+        out.append(
+            f"shared GPUs split by measured share: {', '.join(parts)}; "
+            f"{o.basis.get('alone', 0.0):.1f} GPU-h held alone"
+        )
+    elif o.name not in (UNOWNED, UNATTRIBUTED):
+        out.append(f"{total:.1f} GPU-hours on {len(o.gpus)} GPUs, none shared")
+    if o.members and o.kind == "team":
+        out.append("team of " + ", ".join(sorted(o.members)))
+    return out
