@@ -15,6 +15,15 @@ Cheapest paths: PCIe, NVLink and ECC counters come from one batched ``nvmlDevice
 call per GPU and tick. ``nvmlDeviceGetPcieThroughput`` is never called: it samples for ~20 ms per
 counter inside the driver, which at 8 GPUs would cost a third of every second.
 
+MIG: a MIG-enabled GPU's instances are enumerated at ``init`` (``nvmlDeviceGetMaxMigDeviceCount``,
+``nvmlDeviceGetMigDeviceHandleByIndex``; an empty slot answers ``NotFound``) and sampled as GPUs of
+their own, after their parent, as nvitop does: memory from the MIG handle, and on Hopper and later
+GPM through the parent (``nvmlGpmMigSampleGet``), whose graphics-engine activity is the instance's
+utilization (NVML reports none per instance; it is what dcgm-exporter serves as
+``DCGM_FI_PROF_GR_ENGINE_ACTIVE``). Processes are listed on the MIG handles, so each process is
+attributed to its instance, and not again on the parent. Power, temperature, clocks and counters
+exist only for the physical GPU, which keeps being sampled.
+
 The library is injectable (``library=``): tests and the simulator hand in a virtual driver that
 implements NVML's C symbols, and the real ``pynvml`` Python code runs on top of it unchanged.
 """
@@ -23,6 +32,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -55,6 +66,12 @@ _GPM_METRICS = (
     ("tensor_active_ratio", pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
     ("dram_active_ratio", pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL),
 )
+#: A MIG instance's utilization: GPM's "time any compute or graphics work was active".
+_GPM_MIG_METRICS = (
+    *_GPM_METRICS,
+    ("utilization_gpu_ratio", pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL),
+)
+_MIG_NAME = re.compile(r"MIG\s+(\d+g\.\d+gb)", re.IGNORECASE)
 _KIB = 1024
 
 
@@ -112,6 +129,13 @@ class Gpu:
     gpm_samples: list[Any] | None = None
     gpm_primed: bool = False
     process_ts_us: int = 0
+    #: A MIG instance's parent (``None`` for a physical GPU) and its identity there.
+    parent: Gpu | None = None
+    mig_profile: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    #: A physical GPU's MIG instances, when MIG is enabled (processes are listed on them).
+    mig_count: int = 0
 
 
 def install_library(library: object | None) -> None:
@@ -157,6 +181,7 @@ class Nvml:
             gpu = self._open(index)
             if gpu is not None:
                 gpus.append(gpu)
+                gpus += self.mig_instances(gpu)
         return gpus
 
     def shutdown(self) -> None:
@@ -185,11 +210,64 @@ class Nvml:
         return gpu
 
     def reopen(self, gpu: Gpu) -> Gpu:
-        """Fetch a fresh handle for a GPU that was lost, by index. Raises :class:`GpuLost`."""
+        """Fetch a fresh handle for a GPU that was lost, by index (a MIG instance: by its
+        parent's index and its uuid). Raises :class:`GpuLost`."""
         fresh = self._open(gpu.index)
+        if fresh is not None and gpu.parent is not None:
+            fresh = next((m for m in self.mig_instances(fresh) if m.uuid == gpu.uuid), None)
         if fresh is None or fresh.uuid != gpu.uuid:
             raise GpuLost(f"GPU {gpu.index} ({gpu.uuid}) is still gone")
         return fresh
+
+    # -- MIG -----------------------------------------------------------------------------------
+
+    def mig_instances(self, parent: Gpu) -> list[Gpu]:
+        """The MIG devices of ``parent`` (``[]`` when MIG is off or not supported), each with
+        its profile and instance ids. Sets ``parent.mig_count``."""
+        mode = self._query(parent.uuid, "mig_mode", pynvml.nvmlDeviceGetMigMode, parent.handle)
+        if mode is None or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        slots = self._query(
+            parent.uuid, "mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, parent.handle
+        )
+        instances = []
+        for slot in range(slots or 0):
+            instance = self._open_mig(parent, slot)
+            if instance is not None:
+                instances.append(instance)
+        parent.mig_count = len(instances)
+        return instances
+
+    def _open_mig(self, parent: Gpu, slot: int) -> Gpu | None:
+        try:
+            handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent.handle, slot)
+            uuid = _decode(pynvml.nvmlDeviceGetUUID(handle))
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
+                return None  # an empty slot: no instance was created there
+            self._handle(parent.uuid, f"mig {slot}", exc)
+            return None
+        q = self._query
+        gpu = Gpu(index=parent.index, uuid=uuid, handle=handle, parent=parent)
+        gpu.gpu_instance_id = q(uuid, "gpu_instance_id", pynvml.nvmlDeviceGetGpuInstanceId, handle)
+        gpu.compute_instance_id = q(
+            uuid, "compute_instance_id", pynvml.nvmlDeviceGetComputeInstanceId, handle
+        )
+        gpu.mig_profile = self._mig_profile(gpu)
+        gpu.gpm_samples = self._gpm_alloc(gpu)
+        return gpu
+
+    def _mig_profile(self, gpu: Gpu) -> str | None:
+        """The GPU-instance profile (``3g.40gb``): from the device name the driver gives a MIG
+        device (``NVIDIA A100-SXM4-80GB MIG 3g.40gb``), else from its slices and memory."""
+        name = self._query(gpu.uuid, "name", pynvml.nvmlDeviceGetName, gpu.handle)
+        found = _MIG_NAME.search(_decode(name)) if name is not None else None
+        if found:
+            return found.group(1).lower()
+        attrs = self._query(gpu.uuid, "attributes", pynvml.nvmlDeviceGetAttributes_v2, gpu.handle)
+        if attrs is None or not attrs.gpuInstanceSliceCount:
+            return None
+        return f"{attrs.gpuInstanceSliceCount}g.{math.ceil(attrs.memorySizeMB / 1024)}gb"
 
     # -- the gate ------------------------------------------------------------------------------
 
@@ -245,6 +323,8 @@ class Nvml:
 
     def device(self, gpu: Gpu, node: str, ts: float) -> Device:
         """The GPU's identity record (``nvidia-smi --query-gpu=uuid,name,pci.bus_id,...``)."""
+        if gpu.parent is not None:
+            return self._mig_device(gpu, gpu.parent, node, ts)
         q = self._query
         h = gpu.handle
         pci = self._first(
@@ -268,6 +348,29 @@ class Nvml:
             last_seen_ts=ts,
         )
 
+    def _mig_device(self, gpu: Gpu, parent: Gpu, node: str, ts: float) -> Device:
+        """A MIG instance's identity (``nvidia-smi -L``'s ``MIG 3g.40gb Device 0: (UUID: MIG-…)``):
+        its own name and memory; power, PCIe and NVLink belong to the parent."""
+        name = self._query(gpu.uuid, "name", pynvml.nvmlDeviceGetName, gpu.handle)
+        memory = self._query(gpu.uuid, "memory_total", pynvml.nvmlDeviceGetMemoryInfo, gpu.handle)
+        return Device(
+            node=node,
+            uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            name=None if name is None else _decode(name),
+            pci_bus_id=None,
+            memory_total_bytes=None if memory is None else int(memory.total),
+            power_limit_watts=None,
+            mig_mode=None,
+            driver_version=self.driver_version(),
+            nvlink_count=None,
+            last_seen_ts=ts,
+            parent_uuid=parent.uuid,
+            mig_profile=gpu.mig_profile,
+            gpu_instance_id=gpu.gpu_instance_id,
+            compute_instance_id=gpu.compute_instance_id,
+        )
+
     def _nvlink_count(self, gpu: Gpu) -> int:
         values = self._query(
             gpu.uuid,
@@ -284,6 +387,8 @@ class Nvml:
 
     def sample(self, gpu: Gpu, node: str, ts: float) -> GpuSample:
         """One reading of every per-tick signal. Raises :class:`GpuLost`."""
+        if gpu.parent is not None:
+            return self._sample_mig(gpu, node, ts)
         q = self._query
         h = gpu.handle
         uuid = gpu.uuid
@@ -324,6 +429,22 @@ class Nvml:
             clock_event_reasons=None if reasons is None else int(reasons),
             **fields,
             **gpm,
+        )
+
+    def _sample_mig(self, gpu: Gpu, node: str, ts: float) -> GpuSample:
+        """A MIG instance's tick: its memory and, on Hopper and later, its GPM metrics
+        (utilization included); the rest is the parent's and is not asked of the instance."""
+        used, free, reserved = self._memory(gpu)
+        return GpuSample(
+            ts=ts,
+            node=node,
+            uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            up=True,
+            memory_used_bytes=used,
+            memory_free_bytes=free,
+            memory_reserved_bytes=reserved,
+            **self._gpm(gpu),
         )
 
     def _memory(self, gpu: Gpu) -> tuple[int | None, int | None, int | None]:
@@ -405,8 +526,12 @@ class Nvml:
         return raw
 
     def _gpm_alloc(self, gpu: Gpu) -> list[Any] | None:
-        """Two GPM samples when the GPU supports GPM (Hopper and later), else ``None``."""
-        support = self._query(gpu.uuid, "gpm_support", pynvml.nvmlGpmQueryDeviceSupport, gpu.handle)
+        """Two GPM samples when the GPU (a MIG instance: its parent) supports GPM (Hopper and
+        later), else ``None``."""
+        physical = gpu.parent or gpu
+        support = self._query(
+            gpu.uuid, "gpm_support", pynvml.nvmlGpmQueryDeviceSupport, physical.handle
+        )
         if support is None or not support.isSupportedDevice:
             return None
         first = self._query(gpu.uuid, "gpm_alloc", pynvml.nvmlGpmSampleAlloc)
@@ -415,11 +540,22 @@ class Nvml:
 
     def _gpm(self, gpu: Gpu) -> dict[str, Any]:
         """SM activity, occupancy, tensor activity and DRAM bandwidth between two ticks."""
-        empty: dict[str, float | None] = {name: None for name, _ in _GPM_METRICS}
+        metrics = _GPM_METRICS if gpu.parent is None else _GPM_MIG_METRICS
+        empty: dict[str, float | None] = {name: None for name, _ in metrics}
         if gpu.gpm_samples is None:
             return empty
         previous, current = gpu.gpm_samples
-        got = self._query(gpu.uuid, "gpm_sample", pynvml.nvmlGpmSampleGet, gpu.handle, current)
+        if gpu.parent is None:
+            got = self._query(gpu.uuid, "gpm_sample", pynvml.nvmlGpmSampleGet, gpu.handle, current)
+        else:
+            got = self._query(
+                gpu.uuid,
+                "gpm_mig_sample",
+                pynvml.nvmlGpmMigSampleGet,
+                gpu.parent.handle,
+                gpu.gpu_instance_id,
+                current,
+            )
         if got is None:
             return empty
         gpu.gpm_samples = [current, previous]
@@ -428,15 +564,15 @@ class Nvml:
             return empty
         request = pynvml.c_nvmlGpmMetricsGet_t()
         request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(_GPM_METRICS)
+        request.numMetrics = len(metrics)
         request.sample1 = previous
         request.sample2 = current
-        for i, (_, metric_id) in enumerate(_GPM_METRICS):
+        for i, (_, metric_id) in enumerate(metrics):
             request.metrics[i].metricId = metric_id
         if self._query(gpu.uuid, "gpm_metrics", pynvml.nvmlGpmMetricsGet, request) is None:
             return empty
         out: dict[str, float | None] = {}
-        for i, (name, _) in enumerate(_GPM_METRICS):
+        for i, (name, _) in enumerate(metrics):
             metric = request.metrics[i]
             ok = metric.nvmlReturn == pynvml.NVML_SUCCESS
             out[name] = min(max(metric.value / 100.0, 0.0), 1.0) if ok else None
@@ -445,7 +581,12 @@ class Nvml:
     # -- processes -----------------------------------------------------------------------------
 
     def processes(self, gpu: Gpu) -> list[ProcessReading]:
-        """Compute and MPS processes with memory and, where supported, SM utilization."""
+        """Compute and MPS processes with memory and, where supported, SM utilization.
+
+        A MIG-enabled GPU lists none itself: its processes are listed on its instances (and
+        attributed there), or they would be counted twice."""
+        if gpu.mig_count:
+            return []
         h = gpu.handle
         compute = self._first(
             gpu.uuid,
@@ -469,7 +610,8 @@ class Nvml:
         for proc in list(compute or []) + list(mps or []):
             used = proc.usedGpuMemory
             memory[int(proc.pid)] = None if used is None else int(used)
-        utilization = self._process_utilization(gpu)
+        # Per-process utilization is not reported for MIG devices; asking would only count errors.
+        utilization = self._process_utilization(gpu) if gpu.parent is None else {}
         return [
             ProcessReading(
                 pid=pid, used_memory_bytes=used, sm_utilization_ratio=utilization.get(pid)
@@ -499,7 +641,7 @@ class Nvml:
         event_set = self._query("system", "event_set", pynvml.nvmlEventSetCreate)
         if event_set is None:
             return None
-        for gpu in gpus:
+        for gpu in (g for g in gpus if g.parent is None):  # events belong to physical GPUs
             self._query(
                 gpu.uuid,
                 "events",

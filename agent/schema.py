@@ -6,7 +6,11 @@ hertz, seconds since the Unix epoch for ``ts``). ``None`` means "not reported" a
 NULL, never as zero.
 
 ``SCHEMA_VERSION`` is written into the store's ``meta`` table. A store written by a newer
-schema is refused rather than misread.
+schema is refused rather than misread; an older one is migrated when it is opened for writing
+(columns added since are nullable, so its rows read as "not reported": see ``agent.store``).
+
+Versions: 1, the first; 2 added the MIG identity of a device (``parent_uuid``, ``mig_profile``,
+``gpu_instance_id``, ``compute_instance_id``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class GpuClass(StrEnum):
@@ -38,7 +42,12 @@ FED_CLASSES: tuple[GpuClass, ...] = (GpuClass.TRAINING, GpuClass.BATCH)
 
 @dataclass(frozen=True, slots=True)
 class Device:
-    """A GPU's identity: one row per (node, uuid), refreshed when seen."""
+    """A GPU's identity: one row per (node, uuid), refreshed when seen.
+
+    A MIG instance is a device of its own: its uuid is the ``MIG-…`` one, ``gpu_index`` is its
+    parent's index, and the MIG fields (``None`` for a whole GPU) name the parent, the GPU
+    instance profile (``3g.40gb``) and the GPU- and compute-instance ids.
+    """
 
     TABLE: ClassVar[str] = "devices"
     KEY: ClassVar[tuple[str, ...]] = ("node", "uuid")
@@ -55,6 +64,11 @@ class Device:
     nvlink_count: int | None
     last_seen_ts: float
     source: str = "agent"
+    # Schema 2 (MIG); appended so that a migrated v1 table keeps its column order.
+    parent_uuid: str | None = None
+    mig_profile: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +291,24 @@ SAMPLE_RECORDS: tuple[type[Any], ...] = (
 KEYED_RECORDS: tuple[type[Any], ...] = (Device, Process, Pod)
 ALL_RECORDS: tuple[type[Any], ...] = (*SAMPLE_RECORDS, *KEYED_RECORDS)
 
+
+@dataclass(frozen=True, slots=True)
+class PublishWatermark:
+    """How far one table of the store has been published to one fleet location
+    (:mod:`agent.publish`): every row before ``published_until`` is in a segment there.
+
+    Bookkeeping, not telemetry: it is never published itself. The pruner keeps rows past it,
+    whatever the retention says. A new table, so no schema version bump (tables are created
+    idempotently when a writer opens the store)."""
+
+    TABLE: ClassVar[str] = "publish_watermarks"
+    KEY: ClassVar[tuple[str, ...]] = ("location", "table_name")
+
+    location: str
+    table_name: str
+    published_until: float
+    updated_ts: float
+
 #: Columns that per-minute rollups summarize (mean, min, max, p95), per table.
 ROLLUP_COLUMNS: dict[str, tuple[str, ...]] = {
     "gpu_samples": (
@@ -344,6 +376,11 @@ def _getter(record: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
 def _sql_type(annotation: str) -> str:
     base = annotation.replace(" | None", "").strip()
     return _SQL_TYPES[base]
+
+
+def column_types(record: type[Any]) -> list[tuple[str, str]]:
+    """(column, SQL type) of a record, in declaration order."""
+    return [(f.name, _sql_type(str(f.type))) for f in dataclasses.fields(record)]
 
 
 def create_table_sql(record: type[Any], name: str | None = None, temp: bool = False) -> str:

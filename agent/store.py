@@ -41,6 +41,7 @@ from agent.schema import (
     SAMPLE_RECORDS,
     SCHEMA_VERSION,
     as_row,
+    column_types,
     columns,
     create_table_sql,
     rollup_table_sql,
@@ -89,6 +90,21 @@ def initialize(
         con.execute(create_table_sql(record))
     for table in ROLLUP_COLUMNS:
         con.execute(rollup_table_sql(table))
+    _migrate(con, (*ALL_RECORDS, *extra_records))
+
+
+def _migrate(con: duckdb.DuckDBPyConnection, records: tuple[type[Any], ...]) -> None:
+    """Bring an older store up to this schema: add the columns later versions introduced (all
+    nullable: old rows read as "not reported"), then record the new version. Idempotent; runs
+    in the writer's transaction, so a failed migration leaves the store as it was."""
+    row = con.execute("SELECT value FROM meta WHERE key = ?", ["schema_version"]).fetchone()
+    if row is not None and int(row[0]) >= SCHEMA_VERSION:
+        return
+    for record in records:
+        for name, sql_type in column_types(record):
+            con.execute(f"ALTER TABLE {record.TABLE} ADD COLUMN IF NOT EXISTS {name} {sql_type}")
+    con.execute("UPDATE meta SET value = ? WHERE key = ?", [str(SCHEMA_VERSION), "schema_version"])
+    log.info("store migrated to schema %d", SCHEMA_VERSION)
 
 
 def insert_rows(

@@ -14,7 +14,13 @@ Behaviour that real drivers show and tests need:
 * an *old driver* lacks versioned symbols (``missing_symbols``): they read as absent attributes,
   which ``pynvml`` turns into ``FunctionNotFound``;
 * a field a GPU cannot report returns ``NVML_ERROR_NOT_SUPPORTED`` (``unsupported``);
-* the driver can be *unloaded* (``nvmlInit`` returns ``NVML_ERROR_DRIVER_NOT_LOADED``).
+* the driver can be *unloaded* (``nvmlInit`` returns ``NVML_ERROR_DRIVER_NOT_LOADED``);
+* a MIG-enabled GPU has *MIG devices* (``mig_instances``) reached through
+  ``nvmlDeviceGetMigDeviceHandleByIndex``: each has its own uuid (``MIG-…``), name
+  (``NVIDIA A100-SXM4-80GB MIG 3g.40gb``), memory and processes, and answers
+  ``NVML_ERROR_NOT_SUPPORTED`` where a real one does (utilization, power, temperature, clocks,
+  field values, per-process utilization; the parent reports no utilization either). GPM per
+  instance comes from ``nvmlGpmMigSampleGet`` on Hopper and is not supported on Ampere.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.profiles import DeviceProfile
+from sim.profiles import MIG_COMPUTE_SLICES, DeviceProfile, MigProfile
 
 SUCCESS = 0
 ERROR_UNINITIALIZED = 1
@@ -34,6 +40,7 @@ ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NOT_FOUND = 6
 ERROR_INSUFFICIENT_SIZE = 7
+ERROR_NO_PERMISSION = 4
 ERROR_DRIVER_NOT_LOADED = 9
 ERROR_TIMEOUT = 10
 ERROR_GPU_IS_LOST = 15
@@ -49,6 +56,7 @@ FI_PCIE_COUNT_RX_BYTES = 198
 VALUE_TYPE_UNSIGNED_INT = 1
 VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 
+GPM_GRAPHICS_UTIL = 1
 GPM_SM_UTIL = 2
 GPM_SM_OCCUPANCY = 3
 GPM_ANY_TENSOR_UTIL = 5
@@ -65,6 +73,36 @@ class VirtualProcess:
     pid: int
     used_memory_bytes: int
     sm_utilization_ratio: float = 0.0
+
+
+@dataclass(slots=True)
+class VirtualMigInstance:
+    """One MIG device (a GPU instance with one compute instance spanning it). Gauges are set by
+    whoever drives it; its GPM counters integrate with its parent's ``advance``."""
+
+    uuid: str
+    profile: MigProfile
+    gpu_instance_id: int
+    compute_instance_id: int = 0
+    #: Share of time any kernel ran on the instance (GPM's graphics-engine activity).
+    activity_ratio: float = 0.0
+    memory_used_bytes: int = 0
+    sm_active_ratio: float = 0.0
+    sm_occupancy_ratio: float = 0.0
+    tensor_active_ratio: float = 0.0
+    dram_active_ratio: float = 0.0
+    processes: list[VirtualProcess] = field(default_factory=list)
+    gpm_integral: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+
+    def integrate(self, dt: float) -> None:
+        a, o, t, d, g = self.gpm_integral
+        self.gpm_integral = (
+            a + self.sm_active_ratio * dt,
+            o + self.sm_occupancy_ratio * dt,
+            t + self.tensor_active_ratio * dt,
+            d + self.dram_active_ratio * dt,
+            g + self.activity_ratio * dt,
+        )
 
 
 @dataclass(slots=True)
@@ -94,6 +132,7 @@ class VirtualGpu:
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     processes: list[VirtualProcess] = field(default_factory=list)
+    mig_instances: list[VirtualMigInstance] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
     hang: threading.Event | None = None
@@ -104,7 +143,7 @@ class VirtualGpu:
     pcie_rx_bytes: float = 0.0
     nvlink_tx_kib: float = 0.0
     nvlink_rx_kib: float = 0.0
-    gpm_integral: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    gpm_integral: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
     process_samples: list[tuple[int, int, float]] = field(default_factory=list)
     driven_at: float = float("-inf")
 
@@ -124,13 +163,16 @@ class VirtualGpu:
         self.pcie_rx_bytes += self.pcie_rx_bytes_per_second * dt
         self.nvlink_tx_kib += self.nvlink_tx_bytes_per_second * dt / 1024.0
         self.nvlink_rx_kib += self.nvlink_rx_bytes_per_second * dt / 1024.0
-        a, o, t, d = self.gpm_integral
+        a, o, t, d, g = self.gpm_integral
         self.gpm_integral = (
             a + self.sm_active_ratio * dt,
             o + self.sm_occupancy_ratio * dt,
             t + self.tensor_active_ratio * dt,
             d + self.dram_active_ratio * dt,
+            g + self.utilization_gpu_ratio * dt,
         )
+        for instance in self.mig_instances:
+            instance.integrate(dt)
 
     def record_process_samples(self, now_seconds: float) -> None:
         """The driver's per-process utilization buffer (the last few samples per process)."""
@@ -138,6 +180,23 @@ class VirtualGpu:
         for proc in self.processes:
             self.process_samples.append((proc.pid, stamp, proc.sm_utilization_ratio))
         del self.process_samples[: -4 * max(1, len(self.processes))]
+
+
+def partition(gpu: VirtualGpu, layout: tuple[MigProfile, ...]) -> None:
+    """Enable MIG on ``gpu`` with one MIG device per profile of ``layout`` (one compute instance
+    spanning each GPU instance, as ``nvidia-smi mig -cgi ... -C`` creates). GPU-instance ids
+    follow the order of the layout from 1 (a full ``7g`` instance gets 0, as on real drivers);
+    uuids are derived from the parent's, so a scenario always gets the same ones."""
+    base = gpu.uuid.removeprefix("GPU-")
+    gpu.mig_enabled = True
+    gpu.mig_instances = [
+        VirtualMigInstance(
+            uuid=f"MIG-{base[:-4]}{(int(base[-4:], 16) + 0x101 * (k + 1)) & 0xFFFF:04x}",
+            profile=profile,
+            gpu_instance_id=0 if profile.compute_slices == MIG_COMPUTE_SLICES else k + 1,
+        )
+        for k, profile in enumerate(layout)
+    ]
 
 
 class _Symbol:
@@ -208,7 +267,7 @@ class VirtualNvmlLibrary:
         self.cpu_seconds = 0.0
         self._events: list[tuple[int, int, int]] = []
         self._event_cond = threading.Condition()
-        self._gpm: dict[int, tuple[float, tuple[float, float, float, float]]] = {}
+        self._gpm: dict[int, tuple[float, tuple[float, ...]]] = {}
         self._next_alloc = 0x900000
         self._handle_cache: dict[int, tuple[Any, int]] = {}
 
@@ -255,13 +314,29 @@ class VirtualNvmlLibrary:
         return gpu
 
     def _index(self, handle: Any) -> int:
-        """The GPU index a handle points at (cached per handle object: pynvml reuses them)."""
+        """The GPU index a handle points at (cached per handle object: pynvml reuses them).
+        A MIG device's handle points into its parent's block (see :meth:`_instance`)."""
         cached = self._handle_cache.get(id(handle))
         if cached is not None and cached[0] is handle:
             return cached[1]
         index = (_address(handle) - _HANDLE_BASE) // _HANDLE_STRIDE
         self._handle_cache[id(handle)] = (handle, index)
         return index
+
+    @staticmethod
+    def _instance(handle: Any, gpu: VirtualGpu) -> VirtualMigInstance | None:
+        """The MIG device behind ``handle`` (``None`` for the parent's own handle)."""
+        slot = (_address(handle) - _HANDLE_BASE) % _HANDLE_STRIDE
+        if slot == 0 or slot > len(gpu.mig_instances):
+            return None
+        return gpu.mig_instances[slot - 1]
+
+    def _whole(self, handle: Any, feature: str) -> VirtualGpu | int:
+        """The GPU for a query a MIG device does not answer (``NOT_SUPPORTED`` there)."""
+        gpu = self._read(handle, feature)
+        if isinstance(gpu, VirtualGpu) and self._instance(handle, gpu) is not None:
+            return ERROR_NOT_SUPPORTED
+        return gpu
 
     def _read(self, handle: Any, feature: str) -> VirtualGpu | int:
         gpu = self._gpu(handle)
@@ -317,14 +392,21 @@ class VirtualNvmlLibrary:
         gpu = self._gpu(handle)
         if isinstance(gpu, int):
             return gpu
-        buf.value = gpu.uuid.encode()
+        instance = self._instance(handle, gpu)
+        buf.value = (gpu.uuid if instance is None else instance.uuid).encode()
         return SUCCESS
 
     def _nvmlDeviceGetName(self, handle: Any, buf: Any, size: Any) -> int:
         gpu = self._gpu(handle)
         if isinstance(gpu, int):
             return gpu
-        buf.value = gpu.profile.name.encode()
+        instance = self._instance(handle, gpu)
+        name = (
+            gpu.profile.name
+            if instance is None
+            else f"{gpu.profile.name} MIG {instance.profile.name}"
+        )
+        buf.value = name.encode()
         return SUCCESS
 
     def _nvmlDeviceGetIndex(self, handle: Any, out: Any) -> int:
@@ -346,7 +428,7 @@ class VirtualNvmlLibrary:
         return SUCCESS
 
     def _nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> int:
-        gpu = self._gpu(handle)
+        gpu = self._whole(handle, "mig")
         if isinstance(gpu, int):
             return gpu
         if not gpu.profile.mig_capable:
@@ -356,7 +438,7 @@ class VirtualNvmlLibrary:
         return SUCCESS
 
     def _nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, out: Any) -> int:
-        gpu = self._read(handle, "power_limit")
+        gpu = self._whole(handle, "power_limit")
         if isinstance(gpu, int):
             return gpu
         _out(out).value = int(gpu.profile.power_limit_watts * 1000)
@@ -368,7 +450,7 @@ class VirtualNvmlLibrary:
     # -- gauges ------------------------------------------------------------------------------
 
     def _nvmlDeviceGetUtilizationRates(self, handle: Any, out: Any) -> int:
-        gpu = self._read(handle, "utilization")
+        gpu = self._whole(handle, "utilization")
         if isinstance(gpu, int):
             return gpu
         if gpu.mig_enabled:
@@ -383,9 +465,15 @@ class VirtualNvmlLibrary:
         if isinstance(gpu, int):
             return gpu
         mem = _out(out)
-        total = gpu.profile.memory_total_bytes
-        reserved = gpu.profile.memory_reserved_bytes
-        used = min(gpu.memory_used_bytes + reserved, total)
+        instance = self._instance(handle, gpu)
+        if instance is not None:  # a MIG device: its own share of the memory
+            total = instance.profile.memory_total_bytes
+            reserved = 0
+            used = min(instance.memory_used_bytes, total)
+        else:
+            total = gpu.profile.memory_total_bytes
+            reserved = gpu.profile.memory_reserved_bytes
+            used = min(gpu.memory_used_bytes + reserved, total)
         mem.total = total
         mem.used = used if not v2 else used - reserved
         mem.free = total - used
@@ -400,28 +488,28 @@ class VirtualNvmlLibrary:
         return self._memory(handle, out, v2=True)
 
     def _nvmlDeviceGetPowerUsage(self, handle: Any, out: Any) -> int:
-        gpu = self._read(handle, "power")
+        gpu = self._whole(handle, "power")
         if isinstance(gpu, int):
             return gpu
         _out(out).value = int(gpu.power_watts * 1000)
         return SUCCESS
 
     def _nvmlDeviceGetTotalEnergyConsumption(self, handle: Any, out: Any) -> int:
-        gpu = self._read(handle, "power")
+        gpu = self._whole(handle, "power")
         if isinstance(gpu, int):
             return gpu
         _out(out).value = int(gpu.energy_mj)
         return SUCCESS
 
     def _nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, out: Any) -> int:
-        gpu = self._read(handle, "temperature")
+        gpu = self._whole(handle, "temperature")
         if isinstance(gpu, int):
             return gpu
         _out(out).value = round(gpu.temperature_celsius)
         return SUCCESS
 
     def _nvmlDeviceGetClockInfo(self, handle: Any, clock_type: Any, out: Any) -> int:
-        gpu = self._read(handle, "clocks")
+        gpu = self._whole(handle, "clocks")
         if isinstance(gpu, int):
             return gpu
         kind = int(getattr(clock_type, "value", clock_type))
@@ -429,7 +517,7 @@ class VirtualNvmlLibrary:
         return SUCCESS
 
     def _nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, out: Any) -> int:
-        gpu = self._read(handle, "clock_event_reasons")
+        gpu = self._whole(handle, "clock_event_reasons")
         if isinstance(gpu, int):
             return gpu
         _out(out).value = gpu.clock_event_reasons
@@ -441,7 +529,7 @@ class VirtualNvmlLibrary:
     # -- field values ------------------------------------------------------------------------
 
     def _nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values: Any) -> int:
-        gpu = self._gpu(handle)
+        gpu = self._whole(handle, "fields")
         if isinstance(gpu, int):
             return gpu
         array = _out(values)
@@ -488,7 +576,7 @@ class VirtualNvmlLibrary:
     # -- GPM ---------------------------------------------------------------------------------
 
     def _nvmlGpmQueryDeviceSupport(self, handle: Any, out: Any) -> int:
-        gpu = self._gpu(handle)
+        gpu = self._whole(handle, "gpm")
         if isinstance(gpu, int):
             return gpu
         _out(out).isSupportedDevice = int(
@@ -511,7 +599,23 @@ class VirtualNvmlLibrary:
             return gpu
         if not gpu.profile.gpm_supported:
             return ERROR_NOT_SUPPORTED
+        if self._instance(handle, gpu) is not None:
+            return ERROR_INVALID_ARGUMENT  # a MIG device is sampled through its parent
         self._gpm[_address(sample)] = (gpu.clock_seconds, gpu.gpm_integral)
+        return SUCCESS
+
+    def _nvmlGpmMigSampleGet(self, handle: Any, gpu_instance_id: Any, sample: Any) -> int:
+        """GPM counters of one GPU instance, read through the parent's handle (Hopper+)."""
+        gpu = self._gpu(handle)
+        if isinstance(gpu, int):
+            return gpu
+        if not gpu.profile.gpm_supported:
+            return ERROR_NOT_SUPPORTED
+        wanted = int(getattr(gpu_instance_id, "value", gpu_instance_id))
+        instance = next((m for m in gpu.mig_instances if m.gpu_instance_id == wanted), None)
+        if self._instance(handle, gpu) is not None or not gpu.mig_enabled or instance is None:
+            return ERROR_INVALID_ARGUMENT
+        self._gpm[_address(sample)] = (gpu.clock_seconds, instance.gpm_integral)
         return SUCCESS
 
     def _nvmlGpmMetricsGet(self, request: Any) -> int:
@@ -521,7 +625,13 @@ class VirtualNvmlLibrary:
         if first is None or second is None:
             return ERROR_INVALID_ARGUMENT
         dt = second[0] - first[0]
-        slots = {GPM_SM_UTIL: 0, GPM_SM_OCCUPANCY: 1, GPM_ANY_TENSOR_UTIL: 2, GPM_DRAM_BW_UTIL: 3}
+        slots = {
+            GPM_SM_UTIL: 0,
+            GPM_SM_OCCUPANCY: 1,
+            GPM_ANY_TENSOR_UTIL: 2,
+            GPM_DRAM_BW_UTIL: 3,
+            GPM_GRAPHICS_UTIL: 4,
+        }
         for i in range(int(req.numMetrics)):
             metric = req.metrics[i]
             slot = slots.get(int(metric.metricId))
@@ -539,7 +649,7 @@ class VirtualNvmlLibrary:
         if isinstance(gpu, int):
             return gpu
         c_count = _out(count)
-        procs = gpu.processes
+        procs, ids = self._listed(handle, gpu)
         if infos is None:
             c_count.value = len(procs)
             return ERROR_INSUFFICIENT_SIZE if procs else SUCCESS
@@ -549,10 +659,28 @@ class VirtualNvmlLibrary:
         for i, proc in enumerate(procs):
             infos[i].pid = proc.pid
             infos[i].usedGpuMemory = proc.used_memory_bytes
-            infos[i].gpuInstanceId = 0xFFFFFFFF
-            infos[i].computeInstanceId = 0xFFFFFFFF
+            infos[i].gpuInstanceId, infos[i].computeInstanceId = ids[i]
         c_count.value = len(procs)
         return SUCCESS
+
+    def _listed(
+        self, handle: Any, gpu: VirtualGpu
+    ) -> tuple[list[VirtualProcess], list[tuple[int, int]]]:
+        """The processes a handle lists, with their (GPU, compute) instance ids: a MIG device
+        lists its own; a MIG-enabled parent lists every instance's (ids filled in, as the driver
+        does for a privileged caller); a whole GPU lists its own with ids ``0xFFFFFFFF``."""
+        instance = self._instance(handle, gpu)
+        if instance is not None:
+            ids = (instance.gpu_instance_id, instance.compute_instance_id)
+            return list(instance.processes), [ids] * len(instance.processes)
+        if gpu.mig_enabled:
+            procs: list[VirtualProcess] = []
+            id_list: list[tuple[int, int]] = []
+            for m in gpu.mig_instances:
+                procs += m.processes
+                id_list += [(m.gpu_instance_id, m.compute_instance_id)] * len(m.processes)
+            return procs, id_list
+        return list(gpu.processes), [(0xFFFFFFFF, 0xFFFFFFFF)] * len(gpu.processes)
 
     def _nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
         return self._running(handle, count, infos)
@@ -575,7 +703,7 @@ class VirtualNvmlLibrary:
     def _nvmlDeviceGetProcessUtilization(
         self, handle: Any, samples: Any, count: Any, since: Any
     ) -> int:
-        gpu = self._read(handle, "process_utilization")
+        gpu = self._whole(handle, "process_utilization")
         if isinstance(gpu, int):
             return gpu
         if gpu.mig_enabled:
@@ -596,6 +724,85 @@ class VirtualNvmlLibrary:
         c_count.value = len(fresh)
         return SUCCESS
 
+    # -- MIG ---------------------------------------------------------------------------------
+
+    def _nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, out: Any) -> int:
+        gpu = self._whole(handle, "mig")
+        if isinstance(gpu, int):
+            return gpu
+        if not gpu.profile.mig_capable:
+            return ERROR_NOT_SUPPORTED
+        _out(out).value = MIG_COMPUTE_SLICES
+        return SUCCESS
+
+    def _nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: Any, out: Any) -> int:
+        """The ``index``-th MIG device; ``NOT_FOUND`` for an empty slot, as the driver says."""
+        gpu = self._whole(handle, "mig")
+        if isinstance(gpu, int):
+            return gpu
+        if not gpu.profile.mig_capable:
+            return ERROR_NOT_SUPPORTED
+        i = int(getattr(index, "value", index))
+        if not 0 <= i < MIG_COMPUTE_SLICES:
+            return ERROR_INVALID_ARGUMENT
+        if not gpu.mig_enabled or i >= len(gpu.mig_instances):
+            return ERROR_NOT_FOUND
+        _set_pointer(_out(out), _HANDLE_BASE + gpu.index * _HANDLE_STRIDE + 1 + i)
+        return SUCCESS
+
+    def _nvmlDeviceIsMigDeviceHandle(self, handle: Any, out: Any) -> int:
+        gpu = self._gpu(handle)
+        if isinstance(gpu, int):
+            return gpu
+        _out(out).value = int(self._instance(handle, gpu) is not None)
+        return SUCCESS
+
+    def _mig_device(self, handle: Any) -> VirtualMigInstance | int:
+        gpu = self._gpu(handle)
+        if isinstance(gpu, int):
+            return gpu
+        instance = self._instance(handle, gpu)
+        return ERROR_INVALID_ARGUMENT if instance is None else instance
+
+    def _nvmlDeviceGetGpuInstanceId(self, handle: Any, out: Any) -> int:
+        instance = self._mig_device(handle)
+        if isinstance(instance, int):
+            return instance
+        _out(out).value = instance.gpu_instance_id
+        return SUCCESS
+
+    def _nvmlDeviceGetComputeInstanceId(self, handle: Any, out: Any) -> int:
+        instance = self._mig_device(handle)
+        if isinstance(instance, int):
+            return instance
+        _out(out).value = instance.compute_instance_id
+        return SUCCESS
+
+    def _nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any, out: Any) -> int:
+        instance = self._mig_device(handle)
+        if isinstance(instance, int):
+            return instance
+        _set_pointer(_out(out), _HANDLE_BASE + self._index(handle) * _HANDLE_STRIDE)
+        return SUCCESS
+
+    def _nvmlDeviceGetAttributes_v2(self, handle: Any, out: Any) -> int:
+        """Slices and memory of a MIG device (the whole GPU's for a parent)."""
+        gpu = self._gpu(handle)
+        if isinstance(gpu, int):
+            return gpu
+        instance = self._instance(handle, gpu)
+        attrs = _out(out)
+        slices = MIG_COMPUTE_SLICES if instance is None else instance.profile.compute_slices
+        memory = (
+            gpu.profile.memory_total_bytes
+            if instance is None
+            else instance.profile.memory_total_bytes
+        )
+        attrs.gpuInstanceSliceCount = slices
+        attrs.computeInstanceSliceCount = slices
+        attrs.memorySizeMB = memory // (1024 * 1024)
+        return SUCCESS
+
     # -- events ------------------------------------------------------------------------------
 
     def _nvmlEventSetCreate(self, out: Any) -> int:
@@ -603,7 +810,7 @@ class VirtualNvmlLibrary:
         return SUCCESS
 
     def _nvmlDeviceRegisterEvents(self, handle: Any, types: Any, event_set: Any) -> int:
-        gpu = self._gpu(handle)
+        gpu = self._whole(handle, "events")
         return gpu if isinstance(gpu, int) else SUCCESS
 
     def _nvmlEventSetFree(self, event_set: Any) -> int:

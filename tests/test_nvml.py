@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from agent.nvml import DriverUnavailable, GpuLost, Nvml
-from sim.vnvml import VirtualProcess
+from sim.profiles import mig_layout
+from sim.vnvml import VirtualProcess, partition
 from tests.conftest import FakeClock, library, make_gpu
 
 NODE = "gpu-node-01"
@@ -108,17 +109,27 @@ def test_old_driver_without_versioned_symbols_falls_back(clock: FakeClock) -> No
     assert [(p.pid, p.used_memory_bytes) for p in procs] == [(77, 8 << 30)]
 
 
-def test_mig_gpu_reports_no_device_or_process_utilization(clock: FakeClock) -> None:
-    gpu = make_gpu(0, "A100-80GB", mig_enabled=True, processes=[VirtualProcess(5, 1 << 30, 0.5)])
-    nvml, (handle,) = _open([gpu], clock)
-    assert nvml.device(handle, NODE, clock()).mig_mode is True
+def test_mig_gpu_reports_utilization_per_instance_only_where_gpm_exists(
+    clock: FakeClock,
+) -> None:
+    """Under MIG the parent reports no utilization and no processes of its own; each instance
+    is a GPU with its processes. Ampere has no per-instance utilization at all (no GPM), so
+    it is ``None`` there, never 0 (tests/test_mig.py covers Hopper's GPM per instance)."""
+    gpu = make_gpu(0, "A100-80GB")
+    partition(gpu, mig_layout("A100-80GB", ["3g.40gb", "3g.40gb"]))
+    gpu.mig_instances[1].processes = [VirtualProcess(5, 1 << 30, 0.5)]
+    nvml, (parent, first, second) = _open([gpu], clock)
+    assert nvml.device(parent, NODE, clock()).mig_mode is True
     clock.advance(1)
-    s = nvml.sample(handle, NODE, clock())
+    s = nvml.sample(parent, NODE, clock())
     assert s.utilization_gpu_ratio is None
     assert s.memory_used_bytes is not None
-    (proc,) = nvml.processes(handle)
-    assert proc.sm_utilization_ratio is None
     assert s.sm_active_ratio is None  # Ampere has no GPM
+    assert nvml.processes(parent) == [] and nvml.processes(first) == []
+    (proc,) = nvml.processes(second)
+    assert proc.pid == 5 and proc.sm_utilization_ratio is None
+    instance = nvml.sample(second, NODE, clock())
+    assert instance.uuid.startswith("MIG-") and instance.utilization_gpu_ratio is None
 
 
 def test_process_utilization_not_found_means_no_new_samples(clock: FakeClock) -> None:
