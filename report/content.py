@@ -48,7 +48,8 @@ def headline(doc: dict[str, Any]) -> list[str]:
         f"Useful {sh['useful']:.0%}, idle {sh['idle']:.0%}, starved {sh['starved']:.0%}, "
         f"idle-held {sh['idle_held']:.0%}, lost to noisy neighbours {sh['noisy_neighbor']:.0%}.",
     ]
-    return lines
+    cost = bill_line(doc)
+    return [*lines, cost] if cost else lines
 
 
 def top_actions(doc: dict[str, Any]) -> list[str]:
@@ -240,3 +241,130 @@ def finding_summary(f: dict[str, Any]) -> str:
         )
         return f"{f['victim']} {slowed} by {f['aggressor']} ({f['resource']})"
     return f"held by {f['holder']} for {f['idle_held_seconds'] / 3600:.1f} h"
+
+
+# -- owners and money --------------------------------------------------------------------------
+
+_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥"}
+_SPECIAL_OWNERS = ("(unowned)", "(unattributed)")
+
+
+def priced(doc: dict[str, Any]) -> bool:
+    """Whether the document carries money (``[prices]`` was configured)."""
+    bill = doc.get("bill") or {}
+    return bill.get("cost") is not None
+
+
+def money(value: float | None, doc: dict[str, Any]) -> str:
+    """An amount in the bill's currency: ``$1,234`` (cents under 100), ``1,234 CHF``."""
+    if value is None:
+        return ""
+    currency = (doc.get("bill") or {}).get("currency") or ""
+    number = f"{value:,.0f}" if abs(value) >= 100 or value == 0 else f"{value:,.2f}"
+    symbol = _SYMBOLS.get(currency)
+    return f"{symbol}{number}" if symbol else f"{number} {currency}".strip()
+
+
+def bill_line(doc: dict[str, Any]) -> str | None:
+    """The headline's money sentence, when prices are set."""
+    if not priced(doc):
+        return None
+    b = doc["bill"]
+    w = b["waste_cost"]
+    energy = (
+        ""
+        if b["energy_cost"] is None
+        else f" + energy {money(b['energy_cost'], doc)} ({b['energy_kwh']:,.0f} kWh)"
+    )
+    return (
+        f"Cost {money(b['cost'], doc)} (GPU-hours {money(b['gpu_cost'], doc)}{energy}); "
+        f"idle and unowned {money(w['idle_unowned'], doc)}, idle-held "
+        f"{money(w['idle_held'], doc)}, starved {money(w['starved'], doc)}."
+    )
+
+
+def _owner_classes(o: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{c} {o['gpu_hours'][c]:,.0f}" for c in CLASS_ORDER if o["gpu_hours"].get(c, 0) >= 0.5
+    )
+
+
+def owner_table(doc: dict[str, Any], n: int) -> tuple[list[str], list[list[str]]]:
+    """Owners by cost (by GPU-hours when unpriced), the top ``n`` and the rest summed, the
+    idle and unattributed lines, and the total: the rows add up to the fleet's bill."""
+    owners = doc.get("owners") or []
+    money_on = priced(doc)
+    header = ["owner", "kind", "GPU-h", "by class", "idle GPU-h", "idle-held GPU-h"]
+    header += ["starved GPU-h"]
+    header += ["cost", "waste"] if money_on else []
+
+    def row(name: str, kind: str, entries: list[dict[str, Any]]) -> list[str]:
+        total = sum(e["gpu_hours_total"] for e in entries)
+        cells = [
+            name,
+            kind,
+            f"{total:,.1f}",
+            _owner_classes(entries[0]) if len(entries) == 1 else "",
+            f"{sum(e['idle_gpu_hours'] for e in entries):,.1f}",
+            f"{sum(e['idle_held_gpu_hours'] for e in entries):,.1f}",
+            f"{sum(e['starved_gpu_hours'] for e in entries):,.1f}",
+        ]
+        if money_on:
+            cells += [
+                money(sum(e["cost"] for e in entries), doc),
+                money(sum(e["waste_cost"] for e in entries), doc),
+            ]
+        return cells
+
+    named = [o for o in owners if o["owner"] not in _SPECIAL_OWNERS]
+    rows = [row(o["owner"], o["kind"], [o]) for o in named[:n]]
+    if len(named) > n:
+        rows.append(row(f"{len(named) - n} more owners", "", named[n:]))
+    rows += [row(o["owner"], o["kind"], [o]) for o in owners if o["owner"] in _SPECIAL_OWNERS]
+    if owners:
+        rows.append(row("total", "", owners))
+    return header, rows
+
+
+def waste_lines(doc: dict[str, Any], n: int) -> list[str]:
+    """The owners who wasted most (idle-held plus starved), each with what to look at."""
+    owners = [
+        o
+        for o in doc.get("owners") or []
+        if o["idle_held_gpu_hours"] + o["starved_gpu_hours"] >= 0.05
+    ]
+    owners.sort(
+        key=lambda o: (
+            -(o["waste_cost"] or 0.0),
+            -(o["idle_held_gpu_hours"] + o["starved_gpu_hours"]),
+            o["owner"],
+        )
+    )
+    out = []
+    for o in owners[:n]:
+        cost = f" ({money(o['waste_cost'], doc)})" if priced(doc) else ""
+        out.append(
+            f"{o['owner']} ({o['kind']}): {o['idle_held_gpu_hours']:,.1f} GPU-h idle-held, "
+            f"{o['starved_gpu_hours']:,.1f} GPU-h starved{cost}"
+        )
+    return out
+
+
+def owner_notes(doc: dict[str, Any]) -> list[str]:
+    """How the owners were counted, in a sentence or two."""
+    if not doc.get("owners"):
+        return []
+    notes = [
+        "Every GPU-hour is counted once: to the team that names its user, namespace or "
+        "account, else to its namespace, account or user; shared GPUs are split by each "
+        "workload's measured share (its own SM utilization, else the memory it holds). "
+        "(unowned) is idle capacity no workload held; (unattributed) is use with no process seen."
+    ]
+    shared = [
+        f"{o['owner']}: {e}"
+        for o in doc["owners"]
+        for e in o.get("evidence", ())
+        if e.startswith("shared GPUs split")
+    ]
+    notes += shared[:3]
+    return notes

@@ -17,7 +17,11 @@ from report.content import (
     gpu_why,
     has_data,
     headline,
+    money,
+    owner_notes,
+    owner_table,
     pools_text,
+    priced,
     rec_text,
     recommendation_fields,
     service_name,
@@ -26,6 +30,7 @@ from report.content import (
     timeline,
     timeline_labels,
     top_actions,
+    waste_lines,
     window,
 )
 
@@ -68,6 +73,7 @@ def render(doc: dict[str, Any]) -> str:
         _real(doc),
         _findings(doc),
         _recommendations(doc),
+        _owners(doc),
         _detail(doc),
         _coverage(doc),
     ]
@@ -86,6 +92,7 @@ def _header(doc: dict[str, Any]) -> str:
         ("utilization", "Utilization"),
         ("findings", "Findings"),
         ("recommendations", "Recommendations"),
+        *([("owners", "Owners")] if doc.get("owners") else []),
         ("detail", "Detail"),
         ("coverage", "Coverage"),
     ]
@@ -119,6 +126,8 @@ def _cards(doc: dict[str, Any]) -> str:
         (f"{sh['starved']:.0%}", "starved"),
         (f"{sh['idle_held']:.0%}", "idle-held"),
     ]
+    if priced(doc):
+        cards.insert(2, (money(doc["bill"]["cost"], doc), "cost of the window"))
     card_html = "".join(
         f'<div class="card"><div class="n">{_e(n)}</div><div class="l">{_e(label)}</div></div>'
         for n, label in cards
@@ -343,6 +352,22 @@ def _detail(doc: dict[str, Any]) -> str:
         f"<table><thead><tr>{head}</tr></thead><tbody>{node_rows}</tbody></table>"
         f"<table><thead><tr>{gpu_head}</tr></thead><tbody>{''.join(gpu_rows)}</tbody></table>"
         + (f'<p class="muted">... and {more} more GPUs (see the JSON).</p>' if more > 0 else "")
+        + "</section>"
+    )
+
+
+def _owners(doc: dict[str, Any]) -> str:
+    """Owners by cost (or GPU-hours), adding up to the bill, and who wasted most."""
+    header, rows = owner_table(doc, TOP_N)
+    if not rows:
+        return ""
+    waste = "".join(f"<li>{_e(w)}</li>" for w in waste_lines(doc, 5))
+    notes = "".join(f'<p class="muted">{_e(n)}</p>' for n in owner_notes(doc))
+    return (
+        '<section id="owners"><h2>Owners</h2>'
+        + _table(header, [list(r) for r in rows], numeric={2, 4, 5, 6, 7, 8})
+        + (f"<h3>Most waste (idle-held and starved)</h3><ol>{waste}</ol>" if waste else "")
+        + notes
         + "</section>"
     )
 

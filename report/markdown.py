@@ -12,11 +12,14 @@ from report.content import (
     finding_summary,
     gpu_why,
     headline,
+    owner_notes,
+    owner_table,
     rec_text,
     recommendation_fields,
     starved_by_cause,
     timeline,
     top_actions,
+    waste_lines,
     window,
 )
 
@@ -64,6 +67,7 @@ def render(doc: dict[str, Any]) -> str:
         lines += [f"- **{r['kind']}**: {rec_text(r, r['summary'])}"]
         lines += [f"  - {x}" for x in recommendation_fields(r)]
     lines += [f"- **{n['kind']}**: not enough data ({n['reason']})" for n in doc["not_enough_data"]]
+    lines += _owners(doc)
     lines += ["", "## Per node", ""]
     nodes = s["nodes_detail"]
     lines += _table(
@@ -139,6 +143,18 @@ def _findings(doc: dict[str, Any]) -> list[str]:
         if len(rows) > TOP_N:
             out += ["", f"... and {len(rows) - TOP_N} more {kind} findings."]
         out += ["", f"Evidence for the costliest: {'; '.join(rows[0]['evidence'])}", ""]
+    return out
+
+
+def _owners(doc: dict[str, Any]) -> list[str]:
+    header, rows = owner_table(doc, TOP_N)
+    if not rows:
+        return []
+    out = ["", "## Owners", "", *_table(header, [list(r) for r in rows]), ""]
+    waste = waste_lines(doc, 5)
+    out += ["Most waste (idle-held and starved):", ""] + [f"- {w}" for w in waste] if waste else []
+    out += [""] if waste else []
+    out += [f"- {x}" for x in owner_notes(doc)]
     return out
 
 

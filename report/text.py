@@ -13,10 +13,13 @@ from report.content import (
     finding_summary,
     has_data,
     headline,
+    owner_notes,
+    owner_table,
     rec_text,
     recommendation_fields,
     starved_by_cause,
     top_actions,
+    waste_lines,
     window,
 )
 
@@ -28,6 +31,7 @@ def render(doc: dict[str, Any], file: IO[str] | None = None, width: int | None =
     _headline(console, doc)
     _findings(console, doc)
     _recommendations(console, doc)
+    _owners(console, doc)
     _nodes(console, doc)
 
 
@@ -85,6 +89,26 @@ def _recommendations(console: Console, doc: dict[str, Any]) -> None:
             console.print(f"    {x}")
     for n in doc["not_enough_data"]:
         console.print(f"- [dim]{n['kind']}: not enough data ({n['reason']})[/dim]")
+    console.print()
+
+
+def _owners(console: Console, doc: dict[str, Any]) -> None:
+    header, rows = owner_table(doc, TOP_N)
+    if not rows:
+        return
+    table = Table(title="Owners", title_justify="left")
+    for i, col in enumerate(header):
+        table.add_column(col, justify="left" if i in (0, 1, 3) else "right")
+    for row in rows:
+        table.add_row(*row, style="bold" if row[0] == "total" else None)
+    console.print(table)
+    waste = waste_lines(doc, 5)
+    if waste:
+        console.print("Most waste (idle-held and starved):")
+    for line in waste:
+        console.print(f"  {line}")
+    for note in owner_notes(doc):
+        console.print(f"[dim]{note}[/dim]")
     console.print()
 
 
