@@ -8,25 +8,40 @@ agent, and records the ground truth. ``LiveNode`` plays one node in real time fo
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import re
+import shutil
 import tempfile
+import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.attribution import ProcReader
+from agent.attribution import ProcReader, pod_uid_from_cgroup
 from agent.host import HostReader
 from agent.nvml import Nvml
 from agent.sampler import Sampler
+from agent.schema import Pod
 from agent.store import Store
 from sim.host import VirtualHost
+from sim.profiles import MIG_COMPUTE_SLICES
 from sim.scenario import NodeSpec, Scenario, ScenarioError
 from sim.scenario import load as load_scenario
 from sim.synthetic import virtual_uuid
 from sim.truth import GroundTruth
-from sim.vnvml import VirtualGpu, VirtualNvmlLibrary, VirtualProcess
+from sim.vnvml import (
+    VirtualGpu,
+    VirtualMigInstance,
+    VirtualNvmlLibrary,
+    VirtualProcess,
+    mig_uuid,
+    partition,
+)
 from sim.workloads import (
     SW_POWER_CAP,
     GpuLoad,
@@ -53,7 +68,7 @@ def stable_seed(*parts: object) -> int:
 
 def build_workloads(scenario: Scenario, seed: int) -> list[Workload]:
     profiles = {n.name: n.profile for n in scenario.nodes}
-    return [
+    workloads = [
         workload_class(spec.kind)(
             spec.name,
             spec.params,
@@ -66,10 +81,27 @@ def build_workloads(scenario: Scenario, seed: int) -> list[Workload]:
         )
         for i, spec in enumerate(scenario.workloads)
     ]
+    mig_memory = _mig_memory(scenario)
+    for w in workloads:
+        w.growth_per_week = scenario.growth_per_week
+        w.mig_memory = mig_memory
+    return workloads
+
+
+def _mig_memory(scenario: Scenario) -> dict[tuple[str, int], int]:
+    """The memory of every MIG instance, by (node, placement number)."""
+    return {
+        (n.name, n.instance_target(gpu, k)): profile.memory_total_bytes
+        for n in scenario.nodes
+        for gpu, layout in n.mig
+        for k, profile in enumerate(layout)
+    }
 
 
 @dataclass
 class VirtualClock:
+    """The fast-forward clock: it stands still until the engine moves it (``now``)."""
+
     now: float
 
     def __call__(self) -> float:
@@ -83,7 +115,9 @@ class NodeSim:
     spec: NodeSpec
     scenario: Scenario
     workloads: list[Workload]
-    clock: VirtualClock
+    #: Epoch seconds as the virtual driver sees them: a :class:`VirtualClock` when fast-forwarding,
+    #: the wall clock when playing live.
+    clock: Callable[[], float]
     root: Path
     seed: int
     gpus: list[VirtualGpu] = field(init=False)
@@ -105,6 +139,10 @@ class NodeSim:
             )
             for i in range(self.spec.gpus)
         ]
+        for gpu in self.gpus:  # the counters start when the driver loads, not at the epoch
+            gpu.clock_seconds = self.clock()
+        for index, layout in self.spec.mig:
+            partition(self.gpus[index], layout)
         self.library = VirtualNvmlLibrary(self.gpus, clock=self.clock)
         self.host = VirtualHost(
             self.spec.name, self.root, cores=self.spec.cpus, infiniband=self.spec.infiniband
@@ -121,6 +159,9 @@ class NodeSim:
         active = [w for w in self.workloads if w.active(t)]
         slowdown = self._contention(t, active)
         for gpu in self.gpus:
+            if gpu.mig_instances:
+                self._set_mig(gpu, t, active, slowdown)
+                continue
             tenants = [
                 (w, w.gpu_load(t, self.spec.name, gpu.index, slowdown))
                 for w in active
@@ -133,6 +174,45 @@ class NodeSim:
         cgroups = {path: load.cpu_cores / cpu_factor for path, load in loads}
         self.host.update(dt, loads, cgroups)
         self._faults(t)
+
+    def _set_mig(
+        self, gpu: VirtualGpu, t: float, active: list[Workload], slowdown: dict[str, float]
+    ) -> None:
+        """A partitioned GPU: each instance runs its own tenants on its own slices; the GPU
+        draws the power of all of them, each at most its share of the compute (k of 7)."""
+        shares: list[tuple[Workload, GpuLoad]] = []
+        for k, instance in enumerate(gpu.mig_instances):
+            target = self.spec.instance_target(gpu.index, k)
+            tenants = [
+                (w, w.gpu_load(t, self.spec.name, target, slowdown))
+                for w in active
+                if target in self._gpus_of[id(w)]
+            ]
+            load = self._set_instance(instance, target, tenants)
+            weight = instance.profile.compute_slices / MIG_COMPUTE_SLICES
+            shares += [(w, _scaled(load, weight)) for w, _ in tenants[:1]]
+        self._set_gpu(gpu, shares)
+        gpu.processes = []  # listed on the instances
+
+    def _set_instance(
+        self, instance: VirtualMigInstance, target: int, tenants: list[tuple[Workload, GpuLoad]]
+    ) -> GpuLoad:
+        demand = sum(load.util for _, load in tenants)
+        share = 1.0 / demand if demand > 1.0 else 1.0
+        total = combine(tenants, share)
+        total.util = clamp(demand)
+        instance.activity_ratio = total.util
+        instance.memory_used_bytes = min(total.memory_bytes, instance.profile.memory_total_bytes)
+        instance.sm_active_ratio = clamp(total.sm_active)
+        instance.sm_occupancy_ratio = clamp(total.sm_occupancy)
+        instance.tensor_active_ratio = clamp(total.tensor)
+        instance.dram_active_ratio = clamp(total.dram)
+        instance.processes = [
+            VirtualProcess(w.pid(self.spec.name, target), load.memory_bytes, 0.0)
+            for w, load in tenants
+            if w.process_alive(self._last_t or 0.0) and load.memory_bytes > 0
+        ]
+        return total
 
     def _contention(self, t: float, active: list[Workload]) -> dict[str, float]:
         node = self.spec.name
@@ -216,6 +296,14 @@ class NodeSim:
         for gpu in self.gpus:
             gpu.lost = gpu.index in lost
         self.library.driver_loaded = not driver_gone
+
+
+def _scaled(load: GpuLoad, weight: float) -> GpuLoad:
+    """An instance's load as a share of its whole GPU (``weight``: its slices of 7)."""
+    out = GpuLoad(**{f.name: getattr(load, f.name) for f in dataclasses.fields(GpuLoad)})
+    for name in ("util", "mem_util", "power_frac", "sm_active", "sm_occupancy", "tensor", "dram"):
+        setattr(out, name, getattr(load, name) * weight)
+    return out
 
 
 def combine(tenants: list[tuple[Workload, GpuLoad]], share: float) -> GpuLoad:
@@ -411,7 +499,7 @@ def _mean_demand(a: Workload, b: Workload, node: str, gpu: int, span: tuple[floa
 def _idle_spans(scenario: Scenario, spans: list[TruthSpan], horizon: float) -> list[TruthSpan]:
     out = []
     for node in scenario.nodes:
-        for gpu in range(node.gpus):
+        for gpu, _, _ in node.targets():  # a partitioned GPU's instances, not the GPU
             busy = sorted((s.start, s.end) for s in spans if s.node == node.name and s.gpu == gpu)
             cursor = 0.0
             for start, end in busy:
@@ -448,26 +536,21 @@ def simulate(
     interval = scenario.interval_seconds
     ticks = int(horizon // interval)
     workloads = build_workloads(scenario, seed)
+    pods = pod_records(scenario, workloads, scenario.start_epoch + horizon)  # checked first
     store = Store(store_path, buffer_capacity_rows=1_000_000, extra_records=(GroundTruth,))
     total_ticks = ticks * len(scenario.nodes)
     done = 0
-    scratch = "/dev/shm" if Path("/dev/shm").is_dir() else None  # memory-backed when possible
-    with tempfile.TemporaryDirectory(prefix="aiscope-sim-", dir=scratch) as tmp:
+    memory = "/dev/shm" if Path("/dev/shm").is_dir() else None  # memory-backed when possible
+    with ScratchDir("aiscope-sim-", memory) as tmp:
         for node in scenario.nodes:
-            sim = NodeSim(
-                node,
-                scenario,
-                workloads,
-                VirtualClock(scenario.start_epoch),
-                Path(tmp) / node.name,
-                seed,
-            )
+            clock = VirtualClock(scenario.start_epoch)
+            sim = NodeSim(node, scenario, workloads, clock, tmp / node.name, seed)
             sampler = _sampler(sim, store)
             sim.apply(0.0)
             sampler.start()
             for k in range(ticks):
                 t = k * interval
-                sim.clock.now = scenario.start_epoch + t
+                clock.now = scenario.start_epoch + t
                 sim.apply(t)
                 sampler.tick()
                 sampler.scan_processes()
@@ -478,6 +561,8 @@ def simulate(
                         progress(done / total_ticks)
             sampler.stop()
             store.flush()
+    store.add(pods)
+    store.flush()
     store.write_now(_truth_records(scenario, workloads, horizon, seed))
     store.rollup(scenario.start_epoch + horizon + 3600)
     stats = store.stats()
@@ -490,21 +575,92 @@ def simulate(
     )
 
 
-class LiveNode:
-    """One scenario node played in real time: scenario time 0 is when the agent starts."""
+class ScratchDir:
+    """A scratch folder for a virtual host's ``/proc``, ``/sys`` and cgroup trees, named after
+    this process (``<prefix><pid>-<random>``) so that one left behind by a process that died
+    without cleaning up (``kill -9``) is recognised and removed by the next simulation.
 
-    def __init__(
-        self, sim: NodeSim, wall_start: float, tmp: tempfile.TemporaryDirectory[str]
-    ) -> None:
+    Use as a context manager, or call :meth:`cleanup` (also run at interpreter exit)."""
+
+    def __init__(self, prefix: str, parent: str | None = None) -> None:
+        self.parent = Path(parent or tempfile.gettempdir())
+        remove_stale(self.parent, prefix)
+        self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=self.parent))
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
+
+    def cleanup(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+def remove_stale(parent: Path, prefix: str) -> list[Path]:
+    """Remove this user's ``<prefix><pid>-*`` folders under ``parent`` whose process is gone."""
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-")
+    removed = []
+    for path in parent.glob(f"{prefix}*"):
+        match = pattern.match(path.name)
+        if match is None or _alive(int(match.group(1))) or not _owned(path):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def _owned(path: Path) -> bool:
+    try:
+        return path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+#: A live node advances its workloads at most this often (wall seconds), as the virtual driver
+#: changes a GPU's gauges (``DRIVE_PERIOD_SECONDS``); its counters (energy, PCIe and NVLink bytes,
+#: GPM) integrate at every read in between. Short enough that two reads of the host a tick apart
+#: always see its counters move.
+LIVE_STEP_SECONDS = 0.1
+
+
+class LiveNode:
+    """One scenario node played in real time: scenario time 0 is when the agent starts.
+
+    The virtual driver reads the wall clock, so its counters integrate over real seconds, and it
+    calls :meth:`advance` (its ``drive`` hook) whenever a GPU is read; the host side advances
+    with it. Nothing waits for the other: the clock moves on its own.
+    """
+
+    def __init__(self, sim: NodeSim, wall_start: float, scratch: ScratchDir) -> None:
         self.sim = sim
         self._wall_start = wall_start
-        self._tmp = tmp  # kept alive with the node
+        self._scratch = scratch  # kept alive with the node; removed at exit
         self.library = sim.library
         self.library.drive = self._drive
-        self._applied_at = -1.0
+        self._applied_at = float("-inf")
+        self._lock = threading.Lock()
+        self._clock = sim.clock
 
     @classmethod
-    def start(cls, scenario_name: str, node: str | None, at_hours: float = 0.0) -> LiveNode:
+    def start(
+        cls,
+        scenario_name: str,
+        node: str | None,
+        at_hours: float = 0.0,
+        clock: Callable[[], float] = time.time,
+    ) -> LiveNode:
         """Play ``node`` of the scenario from scenario time ``at_hours`` on."""
         scenario = load_scenario(scenario_name)
         names = [n.name for n in scenario.nodes]
@@ -514,37 +670,68 @@ class LiveNode:
                 f"--node: {chosen!r} is not in {scenario.name} ({', '.join(names)})"
             )
         spec = next(n for n in scenario.nodes if n.name == chosen)
-        wall_start = time.time() - at_hours * 3600
-        tmp = tempfile.TemporaryDirectory(prefix="aiscope-live-")
-        clock = VirtualClock(wall_start)
+        wall_start = clock() - at_hours * 3600
+        scratch = ScratchDir("aiscope-live-")
         sim = NodeSim(
             spec,
             scenario,
             build_workloads(scenario, scenario.seed),
             clock,
-            Path(tmp.name),
+            scratch.path,
             scenario.seed,
         )
-        live = cls(sim, wall_start, tmp)
-        live._drive(sim.gpus[0] if sim.gpus else None, time.time())
+        live = cls(sim, wall_start, scratch)
+        live.advance(clock())
         return live
 
+    @property
+    def scratch(self) -> Path:
+        """The folder holding the virtual host's ``/proc``, ``/sys`` and cgroup trees."""
+        return self._scratch.path
+
+    def advance(self, now: float) -> bool:
+        """Set the node to wall time ``now`` (at most once per :data:`LIVE_STEP_SECONDS`);
+        true when it moved."""
+        with self._lock:
+            if now - self._applied_at < LIVE_STEP_SECONDS:
+                return False
+            self._applied_at = now
+            self.sim.apply(now - self._wall_start)
+            return True
+
     def _drive(self, gpu: VirtualGpu | None, now: float) -> None:
-        """Advance the whole node at most once a second of wall time."""
-        if now - self._applied_at < 1.0:
-            return
-        self._applied_at = now
-        self.sim.clock.now = now
-        self.sim.apply(now - self._wall_start)
+        self.advance(now)
+
+    def close(self) -> None:
+        """Remove the scratch trees now (they are also removed at interpreter exit)."""
+        self._scratch.cleanup()
 
     def host_reader(self, node: str) -> HostReader:
+        """The agent's host reader on the virtual host; reading it advances the node too, so the
+        host keeps moving while no GPU is read (the driver unloaded, every GPU lost)."""
         host = self.sim.host
         return HostReader(
-            node, proc_root=host.proc, sys_root=host.sys, cgroup_root=host.cgroup, ps=host
+            node,
+            proc_root=host.proc,
+            sys_root=host.sys,
+            cgroup_root=host.cgroup,
+            ps=_Advancing(host, lambda: self.advance(self._clock())),
         )
 
     def proc_reader(self) -> ProcReader:
-        return ProcReader(self.sim.host.proc, user_name=lambda uid: f"user{uid}")
+        return ProcReader(self.sim.host.proc, user_name=user_names(self.sim.scenario))
+
+
+class _Advancing:
+    """``target``'s attributes, with ``before()`` run ahead of each call through them."""
+
+    def __init__(self, target: object, before: Callable[[], object]) -> None:
+        self._target = target
+        self._before = before
+
+    def __getattr__(self, name: str) -> object:
+        self._before()
+        return getattr(self._target, name)
 
 
 def _sampler(sim: NodeSim, store: Store) -> Sampler:
@@ -558,26 +745,56 @@ def _sampler(sim: NodeSim, store: Store) -> Sampler:
             cgroup_root=sim.host.cgroup,
             ps=sim.host,
         ),
-        procs=ProcReader(sim.host.proc, user_name=lambda uid: f"user{uid}"),
+        procs=ProcReader(sim.host.proc, user_name=user_names(sim.scenario)),
         store=store,
         clock=sim.clock,
         event_thread=False,
     )
 
 
+def _target_uuid(node_seed: int, index: int, instance: int | None) -> str:
+    """The uuid of a GPU, or of MIG instance ``instance`` of it."""
+    uuid = virtual_uuid(node_seed, index)
+    return uuid if instance is None else mig_uuid(uuid, instance)
+
+
+def user_names(scenario: Scenario) -> Callable[[int], str]:
+    """uid -> user name as the virtual host's passwd has it: workload ``i`` runs as uid
+    ``1000 + i``, named by its ``user`` in the scenario, else ``user<uid>``."""
+    names = {1000 + i: w.user for i, w in enumerate(scenario.workloads) if w.user}
+    return lambda uid: names.get(uid, f"user{uid}")
+
+
+def pod_records(scenario: Scenario, workloads: list[Workload], now: float) -> list[Pod]:
+    """The pod names the agent would learn from the API server, for workloads given a
+    ``namespace`` (only workloads that run in a pod can have one)."""
+    out = []
+    for spec, w in zip(scenario.workloads, workloads, strict=True):
+        if spec.namespace is None:
+            continue
+        uid = pod_uid_from_cgroup(w.cgroup())
+        if uid is None:
+            raise ScenarioError(
+                f"workload {spec.name}: namespace is for workloads that run in a pod "
+                f"(kind inference), not {spec.kind}"
+            )
+        out += [Pod(node, uid, spec.namespace, spec.name, now) for node in sorted(w.nodes())]
+    return out
+
+
 def _truth_records(
     scenario: Scenario, workloads: list[Workload], horizon: float, seed: int
 ) -> list[GroundTruth]:
     uuids = {
-        (n.name, i): virtual_uuid(stable_seed(seed, n.name), i)
+        (n.name, target): (index, _target_uuid(stable_seed(seed, n.name), index, k))
         for n in scenario.nodes
-        for i in range(n.gpus)
+        for target, index, k in n.targets()
     }
     return [
         GroundTruth(
             node=s.node,
-            uuid=uuids[(s.node, s.gpu)],
-            gpu_index=s.gpu,
+            uuid=uuids[(s.node, s.gpu)][1],
+            gpu_index=uuids[(s.node, s.gpu)][0],
             start_ts=scenario.start_epoch + s.start,
             end_ts=scenario.start_epoch + s.end,
             truth_class=s.truth_class,

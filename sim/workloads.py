@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from sim import traces
@@ -150,6 +152,11 @@ class Workload(ABC):
     kind: ClassVar[str]
     truth_class: ClassVar[str]
     Params: ClassVar[type[Any]]
+    #: The scenario's demand growth per week (set by the engine; 0 = steady).
+    growth_per_week: float = 0.0
+    #: Memory of the MIG instances this workload is placed on, by (node, placement number)
+    #: (set by the engine; a whole GPU's comes from its profile).
+    mig_memory: Mapping[tuple[str, int], int] = MappingProxyType({})
 
     def __init__(
         self,
@@ -228,11 +235,17 @@ class Workload(ABC):
     def cgroup(self) -> str:
         return f"/slurm/uid_{1000 + self.index}/job_{41000 + self.index}/step_0/task_0"
 
-    def memory_total(self, node: str) -> int:
-        return self.profiles[node].memory_total_bytes
+    def memory_total(self, node: str, gpu: int | None = None) -> int:
+        """The memory of the device ``gpu`` is on: a MIG instance's own, else the GPU's."""
+        instance = self.mig_memory.get((node, gpu)) if gpu is not None else None
+        return instance or self.profiles[node].memory_total_bytes
 
     def epoch(self, t: float) -> float:
         return self.origin + t
+
+    def growth(self, t: float) -> float:
+        """The demand multiplier at scenario time ``t``: compounding weekly growth from t=0."""
+        return float((1 + self.growth_per_week) ** (t / 604_800))
 
 
 # -- training -----------------------------------------------------------------------------------
@@ -300,7 +313,7 @@ class Training(Workload):
         p = self.p
         tau = t - self.window.start
         rank = self.rank(node, gpu)
-        total = self.memory_total(node)
+        total = self.memory_total(node, gpu)
         plateau = int(total * p.memory_fraction)
         phase = self._phase(tau)
         s = self.seed
@@ -310,7 +323,8 @@ class Training(Workload):
                 util=clamp(0.15 + 0.2 * unit(s, int(t), rank)),
                 mem_util=0.05,
                 memory_bytes=int(plateau * ramp),
-                power_frac=0.12,
+                # The driver's 1 s power average moves with the load, as utilization does.
+                power_frac=0.12 + noise(s, t, rank, 0.02),
                 sm_active=0.08,
                 sm_occupancy=0.05,
                 pcie_rx=6e9 * unit(s, int(t), rank, 1),
@@ -338,7 +352,7 @@ class Training(Workload):
                 util=clamp(0.72 + noise(s, t, rank, 0.08)),
                 mem_util=0.3,
                 memory_bytes=plateau,
-                power_frac=0.5,
+                power_frac=0.5 + noise(s, t, rank, 0.03),
                 sm_active=0.42,
                 sm_occupancy=0.3,
                 tensor=0.3,
@@ -501,7 +515,7 @@ class Inference(Workload):
         p = self.p
         level = traces.diurnal().multiplier(self.epoch(t) - MONDAY_EPOCH) if p.diurnal else 1.0
         burst = traces.arrivals().multiplier(self.epoch(t), self._offset(replica))
-        return float(p.rps * level * burst / self.replicas())
+        return float(p.rps * self.growth(t) * level * burst / self.replicas())
 
     def load(self, t: float, replica: int) -> float:
         """Requests in flight on ``replica``, as requests per second of work (smoothed bursts)."""
@@ -510,12 +524,12 @@ class Inference(Workload):
         burst = traces.arrivals().window_mean(
             self.epoch(t), self._offset(replica), int(p.inflight_seconds)
         )
-        return float(p.rps * level * burst / self.replicas())
+        return float(p.rps * self.growth(t) * level * burst / self.replicas())
 
     def gpu_load(self, t: float, node: str, gpu: int, slowdown: dict[str, float]) -> GpuLoad:
         p = self.p
         tau = t - self.window.start
-        total = self.memory_total(node)
+        total = self.memory_total(node, gpu)
         weights = int(p.model_gb * GIB / max(p.tp, 1))
         if tau < p.startup_minutes * 60:  # loading weights: memory ramps, nothing served yet
             ramp = clamp(tau / (p.startup_minutes * 60))
@@ -639,7 +653,7 @@ class Batch(Workload):
         cycle = (p.shard_minutes + p.gap_minutes) * 60
         into = (self.epoch(t) - p.window_start_hour * 3600) % cycle
         rank = self.rank(node, gpu)
-        memory = int(self.memory_total(node) * p.memory_fraction)
+        memory = int(self.memory_total(node, gpu) * p.memory_fraction)
         if into >= p.shard_minutes * 60:  # between shards: the next one is loading
             return GpuLoad(util=0.02, memory_bytes=memory, power_frac=0.08, pcie_rx=5e9)
         u = clamp(p.util + noise(self.seed, t, rank, 0.03))
@@ -690,7 +704,7 @@ class Interactive(Workload):
 
     def gpu_load(self, t: float, node: str, gpu: int, slowdown: dict[str, float]) -> GpuLoad:
         p = self.p
-        memory = int(self.memory_total(node) * p.memory_fraction)
+        memory = int(self.memory_total(node, gpu) * p.memory_fraction)
         if self._bursting(int(t // (p.burst_minutes * 60)), gpu):
             u = clamp(p.burst_util + noise(self.seed, t, gpu, 0.2))
             return GpuLoad(
@@ -762,7 +776,7 @@ class Held(Workload):
         return str(self.p.as_class)
 
     def gpu_load(self, t: float, node: str, gpu: int, slowdown: dict[str, float]) -> GpuLoad:
-        return GpuLoad(memory_bytes=int(self.memory_total(node) * self.p.memory_fraction))
+        return GpuLoad(memory_bytes=int(self.memory_total(node, gpu) * self.p.memory_fraction))
 
     def argv(self) -> tuple[str, ...]:
         return ("python", "notebook_kernel.py", "-f", "/run/user/kernel-1.json")
