@@ -40,6 +40,7 @@ from agent.schema import (
     ROLLUP_KEYS,
     SAMPLE_RECORDS,
     SCHEMA_VERSION,
+    PublishWatermark,
     as_row,
     column_types,
     columns,
@@ -86,7 +87,7 @@ def initialize(
         ["schema_version", str(SCHEMA_VERSION)],
     )
     check_schema(con, path)
-    for record in (*ALL_RECORDS, *extra_records):
+    for record in (*ALL_RECORDS, *extra_records, PublishWatermark):
         con.execute(create_table_sql(record))
     for table in ROLLUP_COLUMNS:
         con.execute(rollup_table_sql(table))
@@ -479,14 +480,108 @@ class Store:
                     cutoff = min(cutoff, _watermark(con, table))
                 if table == "agent_events":
                     cutoff = now - self.rollup_retention_seconds
+                cutoff = min(cutoff, published_until(con, table))  # unpublished rows stay
                 deleted += _delete_before(con, table, "ts", cutoff)
             for table in ROLLUP_COLUMNS:
                 cutoff = now - self.rollup_retention_seconds
+                cutoff = min(cutoff, published_until(con, f"{table}_1m"))
                 deleted += _delete_before(con, f"{table}_1m", "minute_ts", cutoff)
             deleted += _delete_before(
-                con, "processes", "last_seen_ts", now - self.rollup_retention_seconds
+                con,
+                "processes",
+                "last_seen_ts",
+                min(now - self.rollup_retention_seconds, published_until(con, "processes")),
             )
         return deleted
+
+    # -- publishing (agent.publish drives these; the segments' SQL lives here) ----------------
+
+    def publish_state(self, location: str, tables: tuple[str, ...], start: float) -> PublishState:
+        """The store's watermarks for ``location`` (registering ``start`` for tables that have
+        none yet, so the pruner keeps their rows from now on), each table's oldest row (``None``
+        for an empty table) and how far the rollups are final."""
+        with self._write_lock, self._writer() as con:
+            for table in tables:
+                con.execute(
+                    f"INSERT INTO {PublishWatermark.TABLE} SELECT $l, $t, $s, $now WHERE NOT "
+                    f"EXISTS (SELECT 1 FROM {PublishWatermark.TABLE} "
+                    "WHERE location = $l AND table_name = $t)",
+                    {"l": location, "t": table, "s": start, "now": time.time()},
+                )
+            marks = dict(
+                con.execute(
+                    f"SELECT table_name, published_until FROM {PublishWatermark.TABLE} "
+                    "WHERE location = ?",
+                    [location],
+                ).fetchall()
+            )
+            oldest = {t: _oldest(con, t) for t in tables}
+            rolled = {t: _watermark(con, t) for t in ROLLUP_COLUMNS}
+        return PublishState(watermarks=marks, oldest=oldest, rolled_up_until=rolled)
+
+    def export_segments(
+        self, table: str, start: float, until: float, grid_seconds: float, out_dir: Path
+    ) -> list[SegmentFile]:
+        """Write the rows of ``table`` in ``[start, until)`` as Parquet (zstd) files under
+        ``out_dir``, one per node and grid slot (slots cut at multiples of ``grid_seconds``,
+        the first starting at ``start``). Keyed tables (devices, processes, pods) export every
+        row seen since ``start`` as one slot ``[start, until)``: their latest version."""
+        column = PUBLISH_TIME_COLUMNS[table]
+        keyed = table in _KEYED_TABLES
+        params: dict[str, Any] = {"s": start}
+        where, slot = f"{column} >= $s", "$s"
+        if not keyed:
+            params |= {"u": until, "g": grid_seconds}
+            where += f" AND {column} < $u"
+            slot = f"greatest(floor({column} / $g) * $g, $s)"
+        with self._write_lock, self._writer() as con:
+            found = con.execute(
+                f"SELECT DISTINCT node FROM {table} WHERE {where} ORDER BY 1",
+                {k: v for k, v in params.items() if k != "g"},
+            ).fetchall()
+            nodes = [r[0] for r in found]
+            if not nodes:
+                return []
+            params["n"] = nodes
+            counts = con.execute(
+                f"SELECT {slot}, list_position($n, node), count(*) FROM {table} "
+                f"WHERE {where} GROUP BY ALL",
+                params,
+            ).fetchall()
+            con.execute(
+                f"COPY (SELECT *, {slot} AS _slot, list_position($n, node) AS _node "
+                f"FROM {table} WHERE {where}) TO '{_sql_text(out_dir)}' (FORMAT parquet, "
+                "COMPRESSION zstd, PARTITION_BY (_slot, _node), OVERWRITE_OR_IGNORE, "
+                "FILENAME_PATTERN 'part')",
+                params,
+            )
+        files = {
+            (float(p.parent.parent.name.partition("=")[2]), int(p.parent.name.partition("=")[2])): p
+            for p in out_dir.glob("_slot=*/_node=*/*.parquet")
+        }
+        return [
+            SegmentFile(
+                table=table,
+                node=nodes[int(n) - 1],
+                start=float(s),
+                end=until if keyed else min(_next_slot(float(s), grid_seconds), until),
+                path=files[(float(s), int(n))],
+                rows=int(rows),
+            )
+            for s, n, rows in counts
+        ]
+
+    def set_published(self, location: str, table: str, until: float) -> None:
+        """Move ``table``'s watermark for ``location`` to ``until`` (after its segments are up)."""
+        with self._write_lock, self._writer() as con:
+            con.execute(
+                f"DELETE FROM {PublishWatermark.TABLE} WHERE location = ? AND table_name = ?",
+                [location, table],
+            )
+            con.execute(
+                f"INSERT INTO {PublishWatermark.TABLE} VALUES (?, ?, ?, ?)",
+                [location, table, until, time.time()],
+            )
 
 
 def _watermark(con: duckdb.DuckDBPyConnection, table: str) -> float:
@@ -524,3 +619,59 @@ def _delete_before(con: duckdb.DuckDBPyConnection, table: str, column: str, cuto
         return 0
     row = con.execute(f"DELETE FROM {table} WHERE {column} < ?", [cutoff]).fetchone()
     return int(row[0]) if row else 0
+
+
+# -- publishing: the store's side ------------------------------------------------------------------
+
+#: The column that places a row in time, per published table: sample time, the rollup's minute,
+#: or the last time a keyed row (device, process, pod) was seen.
+PUBLISH_TIME_COLUMNS: dict[str, str] = {
+    **{r.TABLE: "ts" for r in SAMPLE_RECORDS},
+    **{f"{t}_1m": "minute_ts" for t in ROLLUP_COLUMNS},
+    **{r.TABLE: "last_seen_ts" for r in KEYED_RECORDS},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PublishState:
+    """What publishing needs to know of a store, read in one attachment."""
+
+    watermarks: dict[str, float]  # table -> published until (this location)
+    oldest: dict[str, float | None]  # table -> oldest row's time (None: empty)
+    rolled_up_until: dict[str, float]  # raw table -> its rollups are final before this
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFile:
+    """One exported segment, still local: rows of ``table`` from ``node`` in ``[start, end)``."""
+
+    table: str
+    node: str
+    start: float
+    end: float
+    path: Path
+    rows: int
+
+
+def published_until(con: duckdb.DuckDBPyConnection, table: str) -> float:
+    """The oldest watermark of ``table`` over the locations it is published to (``inf`` when it
+    is published nowhere): rows from there on must stay in the store."""
+    row = con.execute(
+        f"SELECT min(published_until) FROM {PublishWatermark.TABLE} WHERE table_name = ?",
+        [table],
+    ).fetchone()
+    return float("inf") if row is None or row[0] is None else float(row[0])
+
+
+def _oldest(con: duckdb.DuckDBPyConnection, table: str) -> float | None:
+    row = con.execute(f"SELECT min({PUBLISH_TIME_COLUMNS[table]}) FROM {table}").fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def _next_slot(start: float, grid_seconds: float) -> float:
+    return (math.floor(start / grid_seconds) + 1) * grid_seconds
+
+
+def _sql_text(path: Path) -> str:
+    """A path inside a SQL string literal (COPY takes no parameter for its target)."""
+    return str(path).replace("'", "''")

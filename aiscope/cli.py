@@ -8,6 +8,7 @@ Heavy imports happen inside the command that needs them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -221,6 +222,14 @@ def simulate_command(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed (default: the scenario's).")] = None,
     list_: Annotated[bool, typer.Option("--list", help="List the built-in scenarios.")] = False,
+    growth: Annotated[
+        float | None,
+        typer.Option(
+            min=-0.99,
+            max=10.0,
+            help="Demand growth per week, compounding (0.08 = +8 %/week; default: the scenario's).",
+        ),
+    ] = None,
 ) -> None:
     """Fast-forward a scenario on virtual GPUs through the real sampler and store.
 
@@ -232,6 +241,7 @@ def simulate_command(
       aiscope simulate --list
       aiscope simulate demo --store demo.duckdb --days 1
       aiscope simulate fixtures/scenarios/starved-input.toml --store s.duckdb --seed 7
+      aiscope simulate inference-diurnal --store grow.duckdb --days 42 --growth 0.08
     """
     from sim.scenario import describe_builtins, load  # noqa: PLC0415
 
@@ -242,6 +252,8 @@ def simulate_command(
     if scenario is None:
         raise BadInput("SCENARIO is required (or --list to see the built-in ones)")
     spec = load(scenario)
+    if growth is not None:
+        spec = dataclasses.replace(spec, growth_per_week=growth)
     from agent.config import default_store, resolve_store  # noqa: PLC0415
     from sim.engine import simulate  # noqa: PLC0415
 
@@ -394,6 +406,80 @@ def import_nvidia_smi_xml(
         f"imported {result.samples_written} GPU samples and {result.processes_written} process "
         f"samples for {len(result.gpus)} GPUs from {result.files} file(s) into {path}; "
         f"{result.duplicates} already stored, {result.malformed} malformed elements skipped"
+    )
+
+
+@app.command("publish")
+def publish_command(
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            metavar="LOCATION",
+            help="A directory (NFS, Lustre, CephFS) or s3://BUCKET/PREFIX, gs://…, az://….",
+        ),
+    ],
+    store: Annotated[Path | None, typer.Option(help="The node store to publish.")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="How far back a first publish reaches (default: everything)."),
+    ] = None,
+    segment: Annotated[
+        float, typer.Option(help="Seconds per segment; must divide a day (3600).")
+    ] = 3600.0,
+    lateness: Annotated[
+        float,
+        typer.Option(help="Rows younger than this many seconds may still arrive: not yet."),
+    ] = 600.0,
+    wait: Annotated[
+        float, typer.Option(help="Seconds to wait for the agent to release the store.")
+    ] = 10.0,
+) -> None:
+    """Copy the store's closed intervals to a fleet location as immutable Parquet segments.
+
+    Every table (raw samples, minute rollups, processes, devices, pods, events), Hive-partitioned
+    table=…/day=…/node=…/. A watermark per table in the store makes each row go out once:
+    running it again adds only what is new, and a run that was interrupted is repeated
+    exactly. Object-store credentials come from the usual variables (AWS_*, GOOGLE_*, AZURE_*).
+
+    \b
+    Examples:
+      aiscope publish --store /var/lib/aiscope --to /mnt/fleet/aiscope
+      AWS_ENDPOINT_URL=http://minio:9000 aiscope publish --store node1.duckdb --to s3://t/fleet
+      aiscope publish --store node1.duckdb --to gs://telemetry/aiscope --since 30d
+    """
+    import time  # noqa: PLC0415
+
+    from agent import location  # noqa: PLC0415
+    from agent.config import default_store, resolve_store  # noqa: PLC0415
+    from agent.publish import check_segment_seconds, publish  # noqa: PLC0415
+    from agent.store import Store, StoreLocked  # noqa: PLC0415
+    from analyzer.analysis import parse_duration  # noqa: PLC0415
+
+    target = location.parse(to, "--to")
+    check_segment_seconds(segment)
+    path = resolve_store(store) if store else default_store()
+    if not path.is_file():
+        raise BadInput(f"--store {path}: no such store (give a node store written by the agent)")
+    since_seconds = parse_duration(since) if since else None
+    deadline = time.monotonic() + wait
+    writer = Store(path)
+    try:
+        while True:
+            closed = time.time() - lateness
+            first = closed - since_seconds if since_seconds is not None else None
+            try:
+                result = publish(writer, target, closed, segment, since=first)
+                break
+            except StoreLocked:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        writer.close()
+    typer.echo(
+        f"published {result.segments} segments ({result.rows} rows, {result.bytes} bytes) "
+        f"of {path} to {target}"
     )
 
 
@@ -639,26 +725,39 @@ def demo_command(
     out: Annotated[Path, typer.Option(help="Directory for the report and the store.")] = Path(
         "aiscope-demo"
     ),
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="TOML config ([owners], [prices], [thresholds]); default: the bundled example "
+            "with the demo's teams and prices (aiscope/demo-config.toml)."
+        ),
+    ] = None,
 ) -> None:
     """Simulate a week of a mixed 4-node, 32-GPU cluster on virtual hardware, analyze it, and
     write report.html, report.md and analysis.json.
 
     Needs no GPU and no network. The store (demo.duckdb) stays in DIR for `aiscope analyze`.
+    The week is priced per team with the bundled example config, or with --config.
 
     \b
     Examples:
       aiscope demo
       aiscope demo --out /tmp/aiscope-demo
+      aiscope demo --config my-prices.toml
     """
     import dataclasses  # noqa: PLC0415
     import time  # noqa: PLC0415
 
     from analyzer.analysis import analyze  # noqa: PLC0415
+    from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
+    from analyzer.thresholds import from_file  # noqa: PLC0415
     from report import write  # noqa: PLC0415
     from sim.engine import simulate  # noqa: PLC0415
     from sim.scenario import load  # noqa: PLC0415
 
     started = time.monotonic()
+    config = config or DEMO_CONFIG
+    thresholds, accounting = from_file(config), accounting_from_file(config)  # before the week
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -675,7 +774,7 @@ def demo_command(
     with _progress("simulating a week of 32 GPUs") as update:
         simulate(scenario, store, progress=update)
     with _progress("analyzing") as update:
-        doc = analyze([str(store)], since="7d")
+        doc = analyze([str(store)], "7d", thresholds=thresholds, accounting=accounting)
         update(1.0)
     for name in ("report.html", "report.md", "analysis.json"):
         write(doc, out / name)
@@ -688,10 +787,145 @@ def demo_command(
     )
     for a in s["top_actions"]:
         typer.echo(f"  - {a['action']}: {a['gpu_hours']:,.0f} GPU-hours")
+    _echo_costs(doc)
     typer.echo(f"open {(out / 'report.html').resolve()}  ({time.monotonic() - started:.0f} s)")
 
 
 DEMO_INTERVAL_SECONDS = 300.0
+DEMO_CONFIG = Path(__file__).with_name("demo-config.toml")
+
+
+def _echo_costs(doc: dict[str, Any]) -> None:
+    """The week's cost per owner, on one line that adds up to the bill (when priced)."""
+    from report.content import money, priced  # noqa: PLC0415
+
+    if not priced(doc):
+        return
+    parts = [f"{o['owner']} {money(o['cost'], doc)}" for o in doc["owners"]]
+    typer.echo(f"cost {money(doc['bill']['cost'], doc)}: {', '.join(parts)}")
+
+
+@app.command("job")
+def job_command(
+    job_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="ID", help="A Slurm job id, a pod (NAMESPACE/NAME or UID) or a systemd unit."
+        ),
+    ],
+    store: Annotated[
+        list[str] | None,
+        typer.Option(help="A store file, directory or glob; repeat it for a fleet."),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Analysis window ending at the newest sample (default: 7d, or the job)."),
+    ] = None,
+    output_format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+    wait: WaitOption = 10.0,
+    config: ThresholdsOption = None,
+    slurm: Annotated[
+        bool,
+        typer.Option(
+            "--slurm",
+            help="Read the summary the epilog stored in the job's AdminComment (scontrol, "
+            "sacct) instead of the stores. Also tried when no store has a Slurm job.",
+        ),
+    ] = False,
+    ended: Annotated[
+        bool, typer.Option("--ended", help="The job has ended (the epilog says so).")
+    ] = False,
+    node: Annotated[
+        str | None, typer.Option(help="Node of --allocated-gpus (default: this host).")
+    ] = None,
+    allocated_gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="GPU indexes the scheduler gave the job on --node ($SLURM_JOB_GPUS), so GPUs "
+            "it never touched count too."
+        ),
+    ] = None,
+) -> None:
+    """One workload's efficiency summary: its GPUs and nodes, its window (so far, while it
+    runs), per-GPU utilization, SM activity, memory peak, power against the limit, waiting and
+    its cause, its class with evidence, its findings, and the one change that would help most.
+
+    The findings are the ones `aiscope analyze` reports for the job's GPUs and time. JSON schema
+    aiscope.job/1.
+
+    \b
+    Examples:
+      aiscope job 41006 --store /var/lib/aiscope
+      aiscope job ml-serving/llama-70b-0 --store 'fleet/*.duckdb' --format json
+      aiscope job jupyter-alice.service --since 24h
+      aiscope job 41006 --slurm            # on a login node: what the epilog stored
+    """
+    from report.job import render_job  # noqa: PLC0415
+
+    if output_format not in ("text", "json"):
+        raise BadInput(f"--format: expected text or json, got {output_format!r}")
+    doc = _job_document(job_id, store, since, wait, config, slurm, ended, node, allocated_gpus)
+    typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_job(doc))
+
+
+def _job_document(
+    job_id: str,
+    store: list[str] | None,
+    since: str | None,
+    wait: float,
+    config: Path | None,
+    slurm: bool,
+    ended: bool,
+    node: str | None,
+    allocated_gpus: str | None,
+) -> dict[str, Any]:
+    """The job's summary from the stores, else (a Slurm id no store has) from its AdminComment."""
+    from aiscope.slurm import looks_like_slurm_id, read_summary  # noqa: PLC0415
+
+    if slurm:
+        return read_summary(job_id)
+    from agent.config import default_store  # noqa: PLC0415
+    from analyzer.job import UnknownJob, job_summary  # noqa: PLC0415
+    from analyzer.load import InputError  # noqa: PLC0415
+    from analyzer.thresholds import from_file  # noqa: PLC0415
+
+    allocated = _allocated(node, allocated_gpus)
+    try:
+        with _progress("analyzing") as update:
+            doc = job_summary(
+                store or [str(default_store())],
+                job_id,
+                since,
+                wait,
+                from_file(config),
+                ended,
+                allocated,
+            )
+            update(1.0)
+        return doc
+    except (UnknownJob, InputError) as exc:
+        missing = isinstance(exc, UnknownJob) or (store is None and "no such store" in str(exc))
+        if not (missing and looks_like_slurm_id(job_id)):
+            raise
+        from aiscope.slurm import SlurmUnavailable  # noqa: PLC0415
+
+        try:
+            return read_summary(job_id)
+        except SlurmUnavailable:
+            raise exc from None
+
+
+def _allocated(node: str | None, gpus: str | None) -> tuple[str, tuple[int, ...]] | None:
+    """``--allocated-gpus 0,1,3`` (Slurm's ``$SLURM_JOB_GPUS``) on ``--node`` (this host)."""
+    if not gpus:
+        return None
+    import socket  # noqa: PLC0415
+
+    try:
+        indexes = tuple(int(i) for i in gpus.split(",") if i.strip())
+    except ValueError:
+        raise BadInput(f"--allocated-gpus: expected GPU indexes like 0,1,3, got {gpus!r}") from None
+    return (node or socket.gethostname().split(".")[0], indexes)
 
 
 @contextmanager

@@ -1,0 +1,272 @@
+"""Fleet locations: where published segments live. The only module that imports ``pyarrow``.
+
+A LOCATION (``shared/CONTRACT.md``) is a local or mounted directory (NFS, Lustre, CephFS) or an
+object-store URL:
+
+* ``s3://BUCKET/PREFIX``: AWS or any S3-compatible service (MinIO, Ceph RGW, moto). Endpoint,
+  region and credentials come from the usual places: ``AWS_ENDPOINT_URL_S3`` /
+  ``AWS_ENDPOINT_URL``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID`` and
+  ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and ``~/.aws/credentials``, web identity (IRSA) and
+  the instance profile (the AWS SDK's default chain).
+* ``gs://BUCKET/PREFIX``: Google Cloud Storage with Application Default Credentials
+  (``GOOGLE_APPLICATION_CREDENTIALS``, workload identity, the metadata server).
+* ``az://CONTAINER/PREFIX``: Azure Blob Storage, account from ``AZURE_STORAGE_ACCOUNT_NAME``,
+  key from ``AZURE_STORAGE_ACCOUNT_KEY`` when set, else Azure's default credential chain
+  (workload identity, managed identity, ``AZURE_CLIENT_ID``/``AZURE_TENANT_ID``/
+  ``AZURE_CLIENT_SECRET``).
+
+Why pyarrow's filesystems: one PyPI wheel that speaks S3, GCS and Azure natively (C++ SDKs, no
+Python SDK per cloud), reads Parquet datasets with column and partition pruning that DuckDB scans
+directly, and never downloads anything at run time (DuckDB's httpfs extension would be fetched on
+first use, which air-gapped clusters cannot do). fsspec with s3fs/gcsfs/adlfs would need three
+more SDKs.
+
+Writes are whole or nothing: on a directory, a segment is written to a hidden temporary name in
+its final folder, fsynced and renamed over the final name (atomic on POSIX filesystems, NFS
+included); on an object store, an object becomes visible only when its upload completes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.errors import BadInput, Failure
+
+SCHEMES = ("s3", "gs", "az")
+_URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<bucket>[^/?#]*)(?P<prefix>/[^?#]*)?$")
+
+
+class BadLocation(BadInput):
+    """A LOCATION that cannot mean anything (unknown scheme, no bucket): exit 2."""
+
+
+class LocationError(Failure):
+    """The location could not be read or written (network, permissions, full disk): exit 1."""
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """A parsed LOCATION: ``scheme`` is ``file`` for a directory, else ``s3``, ``gs`` or ``az``;
+    ``root`` is the directory (``file``) or ``BUCKET/PREFIX`` without slashes at the ends."""
+
+    scheme: str
+    root: str
+    _fs: list[Any] = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        """The canonical text: an absolute directory or ``scheme://bucket/prefix``."""
+        return self.root if self.scheme == "file" else f"{self.scheme}://{self.root}"
+
+    @property
+    def is_local(self) -> bool:
+        return self.scheme == "file"
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def is_url(text: str) -> bool:
+    """Whether ``text`` looks like ``scheme://...`` (an object-store LOCATION, or a mistake)."""
+    return "://" in text
+
+
+def parse(text: str, what: str = "--to") -> Location:
+    """A LOCATION from the user's text. Raises :class:`BadLocation` naming ``what``."""
+    text = text.strip()
+    if not text:
+        raise BadLocation(f"{what}: empty location (give a directory or s3://BUCKET/PREFIX)")
+    if not is_url(text):
+        if text.startswith("file:"):
+            text = text.removeprefix("file:").removeprefix("//")
+        return Location("file", str(Path(text).expanduser().absolute()))
+    match = _URL.match(text)
+    if not match or match.group("scheme") not in SCHEMES:
+        raise BadLocation(
+            f"{what} {text}: unknown location (use a directory, s3://BUCKET/PREFIX, "
+            "gs://BUCKET/PREFIX or az://CONTAINER/PREFIX)"
+        )
+    bucket = match.group("bucket")
+    if not bucket:
+        raise BadLocation(f"{what} {text}: no bucket (use {match.group('scheme')}://BUCKET/PREFIX)")
+    prefix = (match.group("prefix") or "").strip("/")
+    root = f"{bucket}/{prefix}" if prefix else bucket
+    return Location(match.group("scheme"), root)
+
+
+# -- the filesystems -------------------------------------------------------------------------------
+
+
+def _filesystem(location: Location) -> Any:
+    """The pyarrow filesystem of an object-store location (made once per Location)."""
+    if not location._fs:
+        location._fs.append(_make_filesystem(location))
+    return location._fs[0]
+
+
+def _make_filesystem(location: Location) -> Any:
+    from pyarrow import fs  # noqa: PLC0415  (loaded only where a location is used)
+
+    try:
+        if location.scheme == "s3":
+            return fs.S3FileSystem(**s3_options(os.environ))
+        if location.scheme == "gs":
+            return fs.GcsFileSystem()
+        return _azure(fs, os.environ)
+    except (OSError, ValueError, TypeError) as exc:
+        raise LocationError(f"{location}: cannot open ({_one_line(exc)})") from None
+
+
+def s3_options(env: Any) -> dict[str, Any]:
+    """S3FileSystem arguments from the ``AWS_*`` variables (the SDK reads credentials itself)."""
+    options: dict[str, Any] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        scheme, _, rest = endpoint.partition("://")
+        if not rest:
+            scheme, rest = "https", endpoint
+        options["endpoint_override"] = rest.rstrip("/")
+        options["scheme"] = scheme
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        options["region"] = region
+    elif endpoint:
+        options["region"] = "us-east-1"  # S3-compatible services ignore it; skip the lookup
+    return options
+
+
+def _azure(fs: Any, env: Any) -> Any:
+    account = env.get("AZURE_STORAGE_ACCOUNT_NAME") or env.get("AZURE_STORAGE_ACCOUNT")
+    if not account:
+        raise BadLocation(
+            "az:// needs the storage account: set AZURE_STORAGE_ACCOUNT_NAME "
+            "(and AZURE_STORAGE_ACCOUNT_KEY, or a managed or workload identity)"
+        )
+    key = env.get("AZURE_STORAGE_ACCOUNT_KEY") or env.get("AZURE_STORAGE_KEY")
+    return fs.AzureFileSystem(account_name=account, account_key=key or None)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+
+def put(location: Location, relpath: str, source: Path) -> None:
+    """Copy the local file ``source`` to ``relpath`` under the location, whole or not at all.
+    Overwrites: a retry after a crash replaces the same segment. Raises :class:`LocationError`."""
+    try:
+        if location.is_local:
+            _put_local(Path(location.root) / relpath, source)
+        else:
+            _put_object(location, relpath, source)
+    except OSError as exc:
+        raise LocationError(f"{location}: cannot write {relpath} ({_one_line(exc)})") from None
+
+
+def _put_local(target: Path, source: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with source.open("rb") as src, temp.open("wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(temp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+
+
+def _put_object(location: Location, relpath: str, source: Path) -> None:
+    data = source.read_bytes()
+    with _filesystem(location).open_output_stream(f"{location.root}/{relpath}") as out:
+        out.write(data)
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Entry:
+    """A file under a location: its path relative to the location's root, and its size."""
+
+    relpath: str
+    size_bytes: int
+
+
+def list_dirs(location: Location, relpath: str) -> list[str]:
+    """The names of the folders directly under ``relpath`` (none when it does not exist)."""
+    try:
+        if location.is_local:
+            base = Path(location.root) / relpath
+            if not base.is_dir():
+                return []
+            return sorted(e.name for e in os.scandir(base) if e.is_dir())
+        return sorted(
+            info.base_name
+            for info in _infos(location, relpath, recursive=False)
+            if info.type.name == "Directory"
+        )
+    except OSError as exc:
+        raise LocationError(f"{location}: cannot list {relpath} ({_one_line(exc)})") from None
+
+
+def list_files(location: Location, relpath: str) -> list[Entry]:
+    """Every finished file under ``relpath``, recursively (temporary names left by an
+    interrupted write are skipped)."""
+    try:
+        if location.is_local:
+            base = Path(location.root)
+            start = base / relpath
+            if not start.is_dir():
+                return []
+            return sorted(
+                Entry(str(p.relative_to(base)), p.stat().st_size)
+                for p in start.rglob("*")
+                if p.is_file() and not p.name.startswith(".")
+            )
+        prefix = len(location.root) + 1
+        return sorted(
+            Entry(info.path[prefix:], int(info.size or 0))
+            for info in _infos(location, relpath, recursive=True)
+            if info.type.name == "File" and not info.base_name.startswith(".")
+        )
+    except OSError as exc:
+        raise LocationError(f"{location}: cannot list {relpath} ({_one_line(exc)})") from None
+
+
+def _infos(location: Location, relpath: str, recursive: bool) -> list[Any]:
+    from pyarrow import fs  # noqa: PLC0415
+
+    path = f"{location.root}/{relpath}".rstrip("/")
+    selector = fs.FileSelector(path, recursive=recursive, allow_not_found=True)
+    return list(_filesystem(location).get_file_info(selector))
+
+
+_ARROW_TYPES = {"DOUBLE": "float64", "BIGINT": "int64", "VARCHAR": "string", "BOOLEAN": "bool_"}
+
+
+def dataset(location: Location, relpaths: Iterable[str], columns: list[tuple[str, str]]) -> Any:
+    """A lazy Parquet dataset over ``relpaths`` of an object-store location with the given
+    (column, SQL type) schema: a column a segment lacks (an older schema) reads as null, one it
+    has beyond the schema is ignored. DuckDB scans it directly, reading only the columns and
+    row groups a query needs."""
+    import pyarrow as pa  # noqa: PLC0415
+    from pyarrow import dataset as ds  # noqa: PLC0415
+
+    schema = pa.schema([(name, getattr(pa, _ARROW_TYPES[sql])()) for name, sql in columns])
+    paths = [f"{location.root}/{p}" for p in relpaths]
+    try:
+        return ds.dataset(paths, schema=schema, format="parquet", filesystem=_filesystem(location))
+    except (OSError, pa.ArrowException) as exc:
+        raise LocationError(f"{location}: cannot read segments ({_one_line(exc)})") from None

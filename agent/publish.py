@@ -1,0 +1,301 @@
+"""Publishing: a node store's closed intervals copied to a fleet location as Parquet segments.
+
+The layout is part of the contract (README, "The segment layout")::
+
+    LOCATION/table=<table>/day=<YYYY-MM-DD>/node=<node>/<node>_<table>_<start>_<end>.parquet
+
+One segment holds the rows of one table from one node whose time (``ts``, a rollup's
+``minute_ts``, a device's, process's or pod's ``last_seen_ts``) lies in ``[start, end)``, UTC
+stamps like ``20261130T140000Z``. Sample tables and rollups are cut into slots of
+``segment_seconds`` (an hour by default) that never cross a day; keyed tables (devices,
+processes, pods) publish every row seen since the last publish, their latest version, so a
+reader keeps the newest per key.
+
+Exactly once: the store keeps a watermark per (location, table) (``publish_watermarks``); a run
+exports ``[watermark, closed)``, uploads every segment, and only then moves the watermark. A run
+killed in between repeats the same interval next time, and since a segment's name is made from
+(node, table, interval), the retry overwrites the same objects instead of adding copies. Each
+segment appears whole or not at all (:func:`agent.location.put`). The pruner keeps every row
+past the watermark, whatever the retention says.
+
+"Closed" means no more rows can arrive for it: older than ``lateness_seconds`` (the agent flushes
+every 10 s, and buffers longer only while a reader holds the store) and, in the agent, older than
+the oldest row still in its buffer; rollups also wait for their minute to be rolled up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+from agent import location as loc
+from agent.errors import BadInput
+from agent.store import PUBLISH_TIME_COLUMNS, PublishState, SegmentFile, Store, StoreError
+
+log = logging.getLogger(__name__)
+
+#: Every table that is published, in publish order (keyed tables last: their rows are the
+#: latest versions as of the run).
+TABLES: tuple[str, ...] = tuple(PUBLISH_TIME_COLUMNS)
+KEYED_TABLES: frozenset[str] = frozenset(
+    t for t, c in PUBLISH_TIME_COLUMNS.items() if c == "last_seen_ts"
+)
+DAY_SECONDS = 86400.0
+DEFAULT_SEGMENT_SECONDS = 3600.0
+DEFAULT_LATENESS_SECONDS = 600.0
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class BadSegmentLength(BadInput):
+    """A segment length that does not divide a day (slots must never cross midnight)."""
+
+
+def check_segment_seconds(seconds: float) -> float:
+    """``seconds`` if it divides a day into whole slots of at least a minute, else an error."""
+    if not (60 <= seconds <= DAY_SECONDS and (DAY_SECONDS / seconds).is_integer()):
+        raise BadSegmentLength(
+            f"segment length {seconds:g}s must divide a day into whole slots of at least "
+            "60s (e.g. 300, 900, 3600, 86400)"
+        )
+    return seconds
+
+
+# -- names ----------------------------------------------------------------------------------------
+
+
+def stamp(ts: float) -> str:
+    """``20261130T140000Z`` (with milliseconds when ``ts`` has them)."""
+    moment = dt.datetime.fromtimestamp(ts, dt.UTC)
+    text = moment.strftime("%Y%m%dT%H%M%S")
+    return f"{text}.{moment.microsecond // 1000:03d}Z" if moment.microsecond else f"{text}Z"
+
+
+def day_of(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d")
+
+
+def node_part(node: str) -> str:
+    """A node name as a path part: Hive-style escaping (``%2F``) of anything outside
+    ``[A-Za-z0-9._-]``, so every engine reads ``node=`` back the same."""
+    return _UNSAFE.sub(lambda m: quote(m.group(0), safe=""), node) or "%00"
+
+
+def relpath(segment: SegmentFile) -> str:
+    """Where a segment goes under the location (deterministic from node, table, interval).
+    Keyed tables go under the day their interval ends in, the day readers look at."""
+    day = day_of(segment.end - 1e-3 if segment.table in KEYED_TABLES else segment.start)
+    node = node_part(segment.node)
+    name = f"{node}_{segment.table}_{stamp(segment.start)}_{stamp(segment.end)}.parquet"
+    return f"table={segment.table}/day={day}/node={node}/{name}"
+
+
+# -- one run --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """What one run did: segments, rows and bytes written, and each table's watermark after."""
+
+    segments: int
+    rows: int
+    bytes: int
+    watermarks: dict[str, float]
+
+
+def publish(
+    store: Store,
+    location: loc.Location,
+    closed_before: float,
+    segment_seconds: float = DEFAULT_SEGMENT_SECONDS,
+    since: float | None = None,
+    scratch: Path | None = None,
+) -> PublishResult:
+    """Publish every table of ``store`` up to ``closed_before`` (rounded down to a slot) to
+    ``location``. ``since`` is how far back a table that was never published starts (default:
+    its oldest row). Raises :class:`agent.location.LocationError` or
+    :class:`agent.store.StoreError`; what was published before the failure stays published."""
+    state = store.publish_state(location.url, TABLES, since if since is not None else 0.0)
+    until = math.floor(closed_before / segment_seconds) * segment_seconds
+    totals = [0, 0, 0]
+    marks = dict(state.watermarks)
+    for table in TABLES:
+        end = _closed(table, state, until, segment_seconds)
+        start = max(marks.get(table, 0.0), since if since is not None else -math.inf)
+        start = _skip_empty(start, state.oldest.get(table), end, segment_seconds)
+        for lo, hi in _chunks(table, start, end):
+            done = _publish_chunk(store, location, table, lo, hi, segment_seconds, scratch)
+            totals = [a + b for a, b in zip(totals, done, strict=True)]
+            store.set_published(location.url, table, hi)
+            marks[table] = hi
+    return PublishResult(segments=totals[0], rows=totals[1], bytes=totals[2], watermarks=marks)
+
+
+def _closed(table: str, state: PublishState, until: float, segment_seconds: float) -> float:
+    """The end of what may be published of ``table`` now."""
+    raw = table.removesuffix("_1m")
+    if raw != table:  # a rollup: only minutes already rolled up are final
+        rolled = state.rolled_up_until.get(raw, -math.inf)
+        return min(until, math.floor(rolled / segment_seconds) * segment_seconds)
+    return until
+
+
+def _chunks(table: str, start: float, end: float) -> list[tuple[float, float]]:
+    """``[start, end)`` in pieces of at most a day (the watermark moves after each, so a long
+    backlog makes progress that survives a crash); keyed tables in one piece."""
+    if end <= start:
+        return []
+    if table in KEYED_TABLES:
+        return [(start, end)]
+    out = []
+    lo = start
+    while lo < end:
+        hi = min((math.floor(lo / DAY_SECONDS) + 1) * DAY_SECONDS, end)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def _publish_chunk(
+    store: Store,
+    location: loc.Location,
+    table: str,
+    lo: float,
+    hi: float,
+    segment_seconds: float,
+    scratch: Path | None,
+) -> tuple[int, int, int]:
+    """Export one chunk to local files, upload each, and return (segments, rows, bytes)."""
+    work = Path(tempfile.mkdtemp(prefix="aiscope-publish-", dir=scratch))
+    try:
+        files = store.export_segments(table, lo, hi, segment_seconds, work / "out")
+        size = 0
+        for segment in files:
+            loc.put(location, relpath(segment), segment.path)
+            size += segment.path.stat().st_size
+        return len(files), sum(s.rows for s in files), size
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _skip_empty(start: float, oldest: float | None, end: float, segment_seconds: float) -> float:
+    """Where to begin: not before the slot of the table's oldest row (a first publish starts
+    at 0, the epoch), and at ``end`` for an empty table (nothing to cut into days)."""
+    if oldest is None:
+        return max(start, end)
+    return max(start, math.floor(oldest / segment_seconds) * segment_seconds)
+
+
+# -- the agent's job ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PublishStats:
+    """The publisher's health, for ``aiscope_publish_*`` metrics."""
+
+    location: str
+    runs_total: int
+    failures_total: int
+    segments_total: int
+    rows_total: int
+    bytes_total: int
+    last_success_ts: float | None
+    last_duration_seconds: float | None
+    last_ok: bool | None
+    #: Seconds between now and the oldest watermark (what readers of the location lack).
+    lag_seconds: float | None
+
+
+@dataclass
+class PublishJob:
+    """The agent's publisher: runs every ``publish_interval`` from its own scheduler job (never
+    the sampling thread); holds the store only to export and to move a watermark. Failures back
+    off (doubling up to ``max_backoff_seconds``) and are logged once per failing streak."""
+
+    store: Store
+    location: loc.Location
+    segment_seconds: float = DEFAULT_SEGMENT_SECONDS
+    lateness_seconds: float = 120.0
+    max_backoff_seconds: float = 3600.0
+    base_backoff_seconds: float = 30.0
+    clock: Callable[[], float] = time.time
+    _streak: int = 0
+    _next_attempt: float = 0.0
+    _runs: int = 0
+    _failures: int = 0
+    _segments: int = 0
+    _rows: int = 0
+    _bytes: int = 0
+    _last_success: float | None = None
+    _last_duration: float | None = None
+    _last_ok: bool | None = None
+    _marks: dict[str, float] = field(default_factory=dict)
+
+    def run(self) -> None:
+        now = self.clock()
+        if now < self._next_attempt:
+            return  # backing off after a failure
+        closed = now - self.lateness_seconds
+        oldest = self.store.oldest_buffered_ts()
+        if oldest is not None:
+            closed = min(closed, oldest)
+        started = time.monotonic()
+        self._runs += 1
+        try:
+            result = publish(
+                self.store,
+                self.location,
+                closed,
+                self.segment_seconds,
+                scratch=self.store.path.parent,
+            )
+        except (loc.LocationError, StoreError, OSError) as exc:
+            self._fail(now, exc)
+            return
+        finally:
+            self._last_duration = time.monotonic() - started
+        self._succeed(now, result)
+
+    def _fail(self, now: float, exc: Exception) -> None:
+        self._failures += 1
+        self._last_ok = False
+        if self._streak == 0:
+            log.warning("publishing to %s failed, will retry with backoff: %s", self.location, exc)
+        self._streak += 1
+        delay = min(self.base_backoff_seconds * 2 ** (self._streak - 1), self.max_backoff_seconds)
+        self._next_attempt = now + delay
+
+    def _succeed(self, now: float, result: PublishResult) -> None:
+        if self._streak:
+            log.info("publishing to %s works again", self.location)
+        self._streak = 0
+        self._next_attempt = 0.0
+        self._last_ok = True
+        self._last_success = now
+        self._segments += result.segments
+        self._rows += result.rows
+        self._bytes += result.bytes
+        self._marks = dict(result.watermarks)
+
+    def stats(self) -> PublishStats:
+        marks = [m for m in self._marks.values() if m > 0]
+        return PublishStats(
+            location=self.location.url,
+            runs_total=self._runs,
+            failures_total=self._failures,
+            segments_total=self._segments,
+            rows_total=self._rows,
+            bytes_total=self._bytes,
+            last_success_ts=self._last_success,
+            last_duration_seconds=self._last_duration,
+            last_ok=self._last_ok,
+            lag_seconds=max(0.0, self.clock() - min(marks)) if marks else None,
+        )
