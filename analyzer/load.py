@@ -19,6 +19,7 @@ import duckdb
 from agent import storefile as sf
 from agent.errors import BadInput
 from agent.schema import CgroupSample, Device, GpuSample, HostSample, NetSample, ProcessSample
+from analyzer import mig
 
 BUCKET_SECONDS = 300
 
@@ -101,6 +102,10 @@ class GpuInfo:
     model: str | None
     memory_total_bytes: float | None
     power_limit_watts: float | None
+    #: A MIG instance's parent GPU and GPU-instance profile (``None`` for a whole GPU); its
+    #: ``gpu_index`` is the parent's (see :mod:`analyzer.mig`).
+    parent_uuid: str | None = None
+    mig_profile: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +260,8 @@ def _materialize(
     con.execute(
         f"CREATE TABLE devices AS SELECT node, uuid, any_value(gpu_index) AS gpu_index, "
         f"any_value(name) AS name, max(memory_total_bytes) AS total, "
-        f"max(power_limit_watts) AS power_limit FROM ({_union(aliases, sf.DEVICES)}) GROUP BY 1, 2"
+        f"max(power_limit_watts) AS power_limit, {_mig_columns(con, aliases)} "
+        f"FROM ({_union(aliases, sf.DEVICES)}) GROUP BY 1, 2"
     )
     con.execute(
         "CREATE TABLE hints AS SELECT DISTINCT s.uuid, coalesce(p.comm, '') AS comm, "
@@ -266,6 +272,17 @@ def _materialize(
         "WHERE s.ts > $s AND s.ts <= $e",
         {"s": start, "e": end},
     )
+
+
+def _mig_columns(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> str:
+    """The MIG identity of devices; NULL for stores written before schema 2 had it."""
+    found = con.execute(
+        "SELECT count(*) FROM duckdb_columns() WHERE table_name = ? AND column_name = ?",
+        [sf.DEVICES, "parent_uuid"],
+    ).fetchone()
+    if found is not None and found[0]:
+        return "any_value(parent_uuid) AS parent, any_value(mig_profile) AS profile"
+    return "NULL::VARCHAR AS parent, NULL::VARCHAR AS profile"
 
 
 def _materialize_host(
@@ -350,23 +367,26 @@ def _interval(con: duckdb.DuckDBPyConnection, start: float, end: float) -> float
 def _fetch(
     con: duckdb.DuckDBPyConnection, start: float, end: float, bucket: int, interval: float | None
 ) -> FleetData:
-    gpus = _distinct_indexes(
+    every = _distinct_indexes(
         [
-            GpuInfo(node, uuid, -1 if index is None else int(index), name, total, limit)
-            for node, uuid, index, name, total, limit in con.execute(
+            GpuInfo(node, uuid, -1 if index is None else int(index), name, total, limit, *mig)
+            for node, uuid, index, name, total, limit, *mig in con.execute(
                 "SELECT b.node, b.uuid, coalesce(d.gpu_index, b.idx), d.name, d.total, "
-                "d.power_limit FROM (SELECT node, uuid, min(idx) AS idx FROM buckets "
-                "GROUP BY ALL) b LEFT JOIN devices d USING (node, uuid) "
+                "d.power_limit, d.parent, d.profile FROM (SELECT node, uuid, min(idx) AS idx "
+                "FROM buckets GROUP BY ALL) b LEFT JOIN devices d USING (node, uuid) "
                 "ORDER BY b.node, coalesce(d.gpu_index, b.idx), b.uuid"
             ).fetchall()
         ]
     )
-    buckets: dict[str, list[Bucket]] = {g.uuid: [] for g in gpus}
+    raw: dict[str, list[Bucket]] = {g.uuid: [] for g in every}
     for row in con.execute(
         "SELECT uuid, start, samples, ups, util, util_max, util_min, mem, mem_max, power, sm, "
         "nvlink, tensor, clock, throttled FROM buckets ORDER BY uuid, start"
     ).fetchall():
-        buckets[row[0]].append(Bucket(*row[1:]))
+        raw[row[0]].append(Bucket(*row[1:]))
+    # MIG: instances are the GPUs; a partitioned parent only lends its power (analyzer.mig).
+    folded, buckets = mig.fold(every, raw)
+    gpus = tuple(folded)
     tenants, tenancy = _fetch_tenancy(con)
     hints: dict[str, list[str]] = {}
     for uuid, comm, cmdline in con.execute("SELECT uuid, comm, cmdline FROM hints").fetchall():
@@ -393,21 +413,26 @@ def _distinct_indexes(gpus: list[GpuInfo]) -> tuple[GpuInfo, ...]:
     out: list[GpuInfo] = []
     # First the indexes that are unique on their node keep their number; then the missing and
     # the shared ones take numbers no GPU of the node has (a real index is never moved).
+    # MIG instances share their parent's index by design (the contract's ``gpu``) and are
+    # told apart by uuid and profile: they are neither counted nor renumbered here.
     counts: dict[tuple[str, int], int] = {}
     for gpu in gpus:
-        counts[(gpu.node, gpu.gpu_index)] = counts.get((gpu.node, gpu.gpu_index), 0) + 1
+        if gpu.parent_uuid is None:
+            counts[(gpu.node, gpu.gpu_index)] = counts.get((gpu.node, gpu.gpu_index), 0) + 1
     taken: dict[str, set[int]] = {}
     for gpu in gpus:
-        if gpu.gpu_index >= 0 and counts[(gpu.node, gpu.gpu_index)] == 1:
+        if gpu.gpu_index >= 0 and counts.get((gpu.node, gpu.gpu_index)) == 1:
             taken.setdefault(gpu.node, set()).add(gpu.gpu_index)
     for gpu in gpus:
         used = taken.setdefault(gpu.node, set())
         index = gpu.gpu_index
-        if index < 0 or counts[(gpu.node, index)] > 1:
+        if gpu.parent_uuid is None and (index < 0 or counts[(gpu.node, index)] > 1):
             index = next(i for i in itertools.count() if i not in used)
             used.add(index)
         out.append(dataclasses.replace(gpu, gpu_index=index))
-    return tuple(sorted(out, key=lambda g: (g.node, g.gpu_index, g.uuid)))
+    return tuple(
+        sorted(out, key=lambda g: (g.node, g.gpu_index, g.parent_uuid is not None, g.uuid))
+    )
 
 
 def _fetch_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[HostBucket, ...]]:
@@ -465,6 +490,8 @@ class Holding:
     first_ts: float
     last_ts: float
     memory_max_bytes: float | None
+    #: Time seen on the GPU: 5-minute buckets with a process sample of the workload.
+    held_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,7 +530,8 @@ def holdings(paths: list[Path], timeout: float = 10.0) -> Holdings:
             sf.attach_read_only(con, alias, path, timeout)
         rows = con.execute(
             f"SELECT tenant, any_value(job), any_value(uid), any_value(ns), any_value(pod), "
-            "any_value(unit), any_value(usr), node, uuid, min(ts), max(ts), max(mem) FROM ("
+            "any_value(unit), any_value(usr), node, uuid, min(ts), max(ts), max(mem), "
+            f"count(DISTINCT floor(ts / {BUCKET_SECONDS})) * {BUCKET_SECONDS} FROM ("
             f"SELECT {TENANT_SQL} AS tenant, p.slurm_job_id AS job, p.k8s_pod_uid AS uid, "
             "k.namespace AS ns, k.name AS pod, p.systemd_unit AS unit, p.user AS usr, "
             "s.node, s.uuid, s.ts, sum(s.used_memory_bytes) OVER "
@@ -559,3 +587,111 @@ def usage(
     finally:
         con.close()
     return {(node, uuid): Usage(int(n), *rest) for node, uuid, n, *rest in rows}
+
+
+# -- the long history, for capacity planning (aiscope plan) ----------------------------------
+
+#: Memory at or above this means a workload holds the GPU (as the idle-held rules count it when
+#: the device's size is unknown).
+HELD_BYTES = float(1 << 30)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHour:
+    """One GPU over one hour of the stored history: means of its minutes (raw samples where the
+    store still has them, else the minute rollups); ``None`` when not reported."""
+
+    node: str
+    uuid: str
+    start: float
+    minutes: int
+    util: float | None
+    held_ratio: float | None  # share of the minutes with at least HELD_BYTES of memory used
+    power_watts: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """Every GPU's hours over ``(start, end]``, and the node draw the fleet measured."""
+
+    start: float
+    end: float
+    gpus: tuple[GpuInfo, ...]
+    hours: tuple[GpuHour, ...]
+    #: The p95 over node-minutes of a node's summed GPU power (watts); ``None`` without power.
+    node_power_p95_watts: float | None
+
+
+def history(paths: list[Path], since_seconds: float | None, timeout: float = 10.0) -> History:
+    """Hourly GPU demand over everything stored (or the last ``since_seconds``): raw samples,
+    and before a GPU's first raw sample its minute rollups (kept far longer than raw)."""
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    aliases = [f"s{i}" for i in range(len(paths))]
+    try:
+        for alias, path in zip(aliases, paths, strict=True):
+            sf.attach_read_only(con, alias, path, timeout)
+        _history_minutes(con, aliases, since_seconds)
+        row = con.execute("SELECT min(minute), max(minute) FROM minutes").fetchone()
+        if row is None or row[1] is None:
+            raise EmptyStore(f"{paths[0]}: the store has no GPU samples yet")
+        hours = con.execute(
+            "SELECT node, uuid, floor(minute / 3600) * 3600 AS h, count(*), avg(util), "
+            "avg(CASE WHEN mem IS NULL THEN NULL WHEN mem >= $held THEN 1.0 ELSE 0.0 END), "
+            "avg(power) FROM minutes GROUP BY ALL ORDER BY h, node, uuid",
+            {"held": HELD_BYTES},
+        ).fetchall()
+        p95 = con.execute(
+            "SELECT quantile_cont(p, 0.95) FROM (SELECT node, minute, sum(power) AS p "
+            "FROM minutes WHERE power IS NOT NULL GROUP BY ALL)"
+        ).fetchone()
+        con.execute(
+            "CREATE TABLE devices AS SELECT node, uuid, any_value(gpu_index) AS gpu_index, "
+            "any_value(name) AS name, max(memory_total_bytes) AS total, "
+            f"max(power_limit_watts) AS power_limit FROM ({_union(aliases, sf.DEVICES)}) "
+            "GROUP BY 1, 2"
+        )
+        gpus = con.execute(
+            "SELECT m.node, m.uuid, coalesce(any_value(d.gpu_index), min(m.idx)), "
+            "any_value(d.name), any_value(d.total), any_value(d.power_limit) FROM minutes m "
+            "LEFT JOIN devices d USING (node, uuid) GROUP BY m.node, m.uuid ORDER BY 1, 3, 2"
+        ).fetchall()
+    finally:
+        con.close()
+    return History(
+        start=float(row[0]),
+        end=float(row[1]) + 60.0,
+        gpus=tuple(GpuInfo(str(n), str(u), int(i), m, t, p) for n, u, i, m, t, p in gpus),
+        hours=tuple(
+            GpuHour(str(n), str(u), float(h), int(c), a, b, w) for n, u, h, c, a, b, w in hours
+        ),
+        node_power_p95_watts=None if p95 is None or p95[0] is None else float(p95[0]),
+    )
+
+
+def _history_minutes(
+    con: duckdb.DuckDBPyConnection, aliases: list[str], since_seconds: float | None
+) -> None:
+    """The temp table ``minutes`` (node, uuid, idx, minute, util, mem, power): a GPU's raw
+    samples by minute, and its rollup minutes from before its first raw sample."""
+    rollup = sf.rollup(sf.GPU_SAMPLES)
+    con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
+    con.execute(f"CREATE TEMP VIEW r AS {_union(aliases, rollup)}")
+    newest = con.execute(
+        "SELECT greatest((SELECT max(ts) FROM g), (SELECT max(minute_ts) FROM r))"
+    ).fetchone()
+    start = -1.0
+    if since_seconds is not None and newest is not None and newest[0] is not None:
+        start = float(newest[0]) - since_seconds
+    con.execute(
+        "CREATE TEMP TABLE minutes AS WITH raw AS (SELECT node, uuid, min(gpu_index) AS idx, "
+        "floor(ts / 60) * 60 AS minute, avg(utilization_gpu_ratio) AS util, "
+        "avg(memory_used_bytes) AS mem, avg(power_watts) AS power FROM g "
+        "WHERE ts > $s AND up GROUP BY ALL), "
+        "firsts AS (SELECT node, uuid, min(minute) AS first FROM raw GROUP BY ALL) "
+        "SELECT * FROM raw UNION ALL "
+        "SELECT r.node, r.uuid, r.gpu_index, r.minute_ts, r.utilization_gpu_ratio_mean, "
+        "r.memory_used_bytes_mean, r.power_watts_mean FROM r LEFT JOIN firsts f "
+        "ON f.node = r.node AND f.uuid = r.uuid "
+        "WHERE r.minute_ts > $s AND (f.first IS NULL OR r.minute_ts < f.first)",
+        {"s": start},
+    )

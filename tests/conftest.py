@@ -122,3 +122,18 @@ def inference_day_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("shared-sim") / "inference-diurnal.duckdb"
     simulate(load("inference-diurnal"), path, days=1.0)
     return path
+
+
+@pytest.fixture(scope="session")
+def demo_two_day_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``demo`` scenario's first two days at the demo's 5-minute cadence: its Slurm jobs
+    (a 16-GPU training run, a CPU-starved fine-tune, a time-sliced pair, an idle notebook job),
+    pods and a notebook unit."""
+    import dataclasses
+
+    from sim.engine import simulate
+    from sim.scenario import load
+
+    path = tmp_path_factory.mktemp("shared-sim") / "demo-2d.duckdb"
+    simulate(dataclasses.replace(load("demo"), interval_seconds=300.0), path, days=2.0)
+    return path

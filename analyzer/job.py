@@ -1,0 +1,607 @@
+"""``aiscope job ID``: one workload's efficiency summary (the ``aiscope.job/1`` document).
+
+A workload is a Slurm job, a pod (``NAMESPACE/NAME`` or its UID) or a systemd unit: the
+identities attribution gives every GPU process. The summary is the fleet analysis itself
+(:func:`analyzer.analysis.analyze`, over a window that covers the job) restricted to the job's GPUs
+and its time, so its class and findings are the ones ``aiscope analyze`` reports for them; to
+that it adds what a user asks of a job (as Princeton's jobstats prints it): per-GPU utilization,
+SM activity, memory peak against the device, power against the limit, waiting and its cause,
+and one verdict: the change that would save the most GPU-hours, computed from the evidence.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from analyzer.analysis import analyze, iso, parse_duration
+from analyzer.load import Holding, Holdings, InputError, Usage, expand, holdings, usage
+from analyzer.recommendations.consolidate import profiles_for
+from analyzer.thresholds import Thresholds
+
+SCHEMA = "aiscope.job/1"
+GIB = float(1 << 30)
+HOUR = 3600.0
+DEFAULT_SINCE_SECONDS = 7 * 86400.0
+#: A change worth a verdict saves at least this share of the job's GPU-hours (and 0.1 GPU-h).
+VERDICT_MIN_SHARE = 0.05
+#: Memory right-sizing: headroom over the measured peak, and the busiest share a slice must hold.
+MEMORY_HEADROOM = 1.10
+#: Right-sizing is offered only when the peak leaves at least half of the device unused.
+RIGHTSIZE_MAX_MEMORY_RATIO = 0.5
+
+ADVICE = {
+    "input_cpu": (
+        "input-bound: {ratio:.0%} of the time waiting on CPU; raise DataLoader workers "
+        "(num_workers) or ask for more CPUs per GPU (--cpus-per-gpu)"
+    ),
+    "input_io": (
+        "input-bound: {ratio:.0%} of the time waiting on storage; stage the data on local disk "
+        "or raise the loader's prefetch"
+    ),
+    "network": (
+        "{ratio:.0%} of the time waiting on the network; keep the job's nodes on one switch or "
+        "stream less data per step"
+    ),
+    "communication": (
+        "{ratio:.0%} of the time waiting in collectives{straggler}; overlap communication with "
+        "compute, checkpoint asynchronously or less often"
+    ),
+    "throttled": (
+        "clocks throttled by a power or thermal limit {ratio:.0%} of the time; report the "
+        "node(s) to the admins (cooling, power cap)"
+    ),
+    "unknown": (
+        "{ratio:.0%} of the time the GPUs waited, cause not measured; profile the step "
+        "(torch.profiler) to see what it waits on"
+    ),
+}
+
+
+class UnknownJob(InputError):
+    """No workload of that id in the stores (exit 2)."""
+
+    def __init__(self, message: str, nearest: list[str]) -> None:
+        super().__init__(message)
+        self.nearest = nearest
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """The workload: its analysis name, the ids it is known by, and its holdings per GPU."""
+
+    tenant: str
+    kind: str  # slurm | pod | unit | process
+    ids: dict[str, str | None]
+    user: str | None
+    holdings: tuple[Holding, ...]
+
+    @property
+    def start(self) -> float:
+        return min(h.first_ts for h in self.holdings)
+
+    @property
+    def end(self) -> float:
+        return max(h.last_ts for h in self.holdings)
+
+
+def aliases(h: Holding) -> set[str]:
+    """Every string a user may name this workload by."""
+    names = {h.tenant}
+    for value in (h.slurm_job_id, h.pod_uid, h.systemd_unit):
+        if value:
+            names.add(value)
+    if h.pod_namespace and h.pod_name:
+        names.add(f"{h.pod_namespace}/{h.pod_name}")
+    if h.systemd_unit and h.systemd_unit.endswith(".service"):
+        names.add(h.systemd_unit.removesuffix(".service"))
+    for prefix in ("slurm job ", "pod ", "unit "):
+        if h.tenant.startswith(prefix):
+            names.add(h.tenant.removeprefix(prefix))
+    return names
+
+
+def _primary(h: Holding) -> str:
+    """The one id to list for a workload (the Slurm id, the pod's name, the unit)."""
+    if h.slurm_job_id:
+        return h.slurm_job_id
+    if h.pod_namespace and h.pod_name:
+        return f"{h.pod_namespace}/{h.pod_name}"
+    return h.pod_uid or h.systemd_unit or h.tenant
+
+
+def find_job(found: Holdings, job_id: str) -> Job:
+    """The workload named ``job_id``; :class:`UnknownJob` (with the nearest ids) when none."""
+    wanted = job_id.strip()
+    mine = [h for h in found.holdings if wanted in aliases(h)]
+    tenants = sorted({h.tenant for h in mine})
+    if not mine:
+        near = nearest(wanted, found)
+        hint = f"; nearest known: {', '.join(near)}" if near else "; the stores hold no workloads"
+        raise UnknownJob(
+            f"job {wanted}: no Slurm job, pod or systemd unit of that id in the stores{hint}", near
+        )
+    if len(tenants) > 1:
+        raise InputError(f"job {wanted}: ambiguous, it names {', '.join(tenants)}; give one")
+    first = mine[0]
+    kind = next(
+        (
+            k
+            for k, p in (("slurm", "slurm job "), ("pod", "pod "), ("unit", "unit "))
+            if first.tenant.startswith(p)
+        ),
+        "process",
+    )
+    ids = {
+        "slurm_job_id": first.slurm_job_id,
+        "pod_uid": next((h.pod_uid for h in mine if h.pod_uid), None),
+        "pod": f"{first.pod_namespace}/{first.pod_name}" if first.pod_name else None,
+        "systemd_unit": first.systemd_unit,
+    }
+    user = next((h.user for h in mine if h.user), None)
+    return Job(first.tenant, kind, ids, user, tuple(mine))
+
+
+def nearest(job_id: str, found: Holdings, n: int = 5) -> list[str]:
+    """Known ids closest to ``job_id``: numerically for Slurm ids, by spelling otherwise."""
+    known = sorted({_primary(h) for h in found.holdings})
+    if job_id.isdigit():
+        numeric = [k for k in known if k.isdigit()]
+        if numeric:
+            return sorted(numeric, key=lambda k: (abs(int(k) - int(job_id)), k))[:n]
+    close = difflib.get_close_matches(job_id, known, n=n, cutoff=0.4)
+    return close or known[:n]
+
+
+def covering_since(job: Job, newest_ts: float | None) -> str:
+    """The analysis window: the default week, or longer when the job started before it."""
+    if newest_ts is None:
+        return "7d"
+    # Within a bucket of the default week is the default week (its first bucket starts there).
+    needed = newest_ts - job.start
+    return "7d" if needed <= DEFAULT_SINCE_SECONDS + 600.0 else f"{math.ceil(needed / HOUR) + 1}h"
+
+
+def job_summary(
+    stores: list[str],
+    job_id: str,
+    since: str | None = None,
+    timeout: float = 10.0,
+    thresholds: Thresholds | None = None,
+    ended: bool = False,
+    allocated: tuple[str, tuple[int, ...]] | None = None,
+) -> dict[str, Any]:
+    """The ``aiscope.job/1`` document of ``job_id`` in ``stores``.
+
+    ``since`` is the analysis window (default: a week, or as long as the job); ``ended`` says the
+    job is over (the epilog knows; the stores may not yet); ``allocated`` is (node, GPU indexes)
+    the scheduler gave the job there, so GPUs it never touched count too.
+    """
+    paths = expand(stores)
+    found = holdings(paths, timeout)
+    job = find_job(found, job_id)
+    if since is not None:
+        parse_duration(since)
+    window = since or covering_since(job, found.newest_ts)
+    doc = analyze(stores, window, timeout, thresholds)
+    spans = _spans(job, doc, found, allocated)
+    used = usage(paths, spans, timeout)
+    return build(job_id, job, doc, used, found, spans, ended, window, thresholds or Thresholds())
+
+
+def _spans(
+    job: Job,
+    doc: dict[str, Any],
+    found: Holdings,
+    allocated: tuple[str, tuple[int, ...]] | None,
+) -> list[tuple[str, str, float, float]]:
+    """(node, uuid, start, end) per GPU of the job, clipped to the analysis window; allocated
+    GPUs without the job's processes span the job's whole time."""
+    lo, hi = _ts(doc["window"]["start"]), _ts(doc["window"]["end"])
+    spans = {
+        (h.node, h.uuid): (max(h.first_ts, lo), min(h.last_ts, hi))
+        for h in job.holdings
+        if h.last_ts >= lo
+    }
+    if not spans:
+        raise InputError(
+            f"job {job.tenant}: last seen {iso(job.end)}, before the analysis window "
+            f"({doc['window']['start']}); widen --since"
+        )
+    if allocated is not None:
+        node, indexes = allocated
+        start, end = max(job.start, lo), min(job.end, hi)
+        for n, uuid, index in found.devices:
+            if n == node and index in indexes:
+                spans.setdefault((n, uuid), (start, end))
+    return [(n, u, s, e) for (n, u), (s, e) in spans.items()]
+
+
+def _ts(text: str) -> float:
+    import datetime as dt  # noqa: PLC0415
+
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def build(
+    job_id: str,
+    job: Job,
+    doc: dict[str, Any],
+    used: dict[tuple[str, str], Usage],
+    found: Holdings,
+    spans: list[tuple[str, str, float, float]],
+    ended: bool,
+    since: str,
+    th: Thresholds,
+) -> dict[str, Any]:
+    """The document, from the analysis, the job's holdings and its GPUs' raw usage."""
+    by_uuid = {g["uuid"]: g for g in doc["gpus"]}
+    start, end = min(s for *_, s, _ in spans), max(e for *_, e in spans)
+    findings = job_findings(doc, job.tenant, {u for _, u, _, _ in spans}, start, end)
+    mine = {(h.node, h.uuid): h for h in job.holdings}
+    gpus = [
+        _gpu(
+            by_uuid.get(uuid, {}),
+            (node, uuid, s, e),
+            used.get((node, uuid)),
+            mine.get((node, uuid)),
+            findings,
+            th,
+        )
+        for node, uuid, s, e in sorted(spans, key=lambda x: (x[0], _index(by_uuid, x[1]), x[1]))
+    ]
+    running = not ended and any(
+        h.last_ts >= found.newest_scan_ts.get(h.node, math.inf) for h in job.holdings
+    )
+    gpu_hours = sum(g["held_hours"] for g in gpus)
+    waiting = _waiting(findings, job.tenant, gpu_hours)
+    cls = _job_class(gpus)
+    changes = _changes(gpus, findings, job.tenant, waiting, cls, end - start, th)
+    return {
+        "schema": SCHEMA,
+        "job": {
+            "id": job_id,
+            "name": job.tenant,
+            "kind": job.kind,
+            "user": job.user,
+            **{k: v for k, v in job.ids.items() if v},
+        },
+        "state": "running" if running else "ended",
+        "window": {"start": iso(start), "end": iso(end), "hours": round((end - start) / HOUR, 2)},
+        "analysis": {"since": since, "window": doc["window"], "stores": doc.get("stores", [])},
+        "nodes": sorted({g["node"] for g in gpus}),
+        "gpu_hours": round(gpu_hours, 2),
+        "class": cls,
+        "waiting": waiting,
+        "gpus": gpus,
+        "findings": findings,
+        "verdict": _verdict(changes, gpu_hours, end - start, th),
+        "changes": changes,
+    }
+
+
+def _index(by_uuid: dict[str, Any], uuid: str) -> int:
+    return int(by_uuid.get(uuid, {}).get("gpu", -1))
+
+
+def job_findings(
+    doc: dict[str, Any], tenant: str, uuids: set[str], start: float, end: float
+) -> list[dict[str, Any]]:
+    """The analysis's findings on the job's GPUs over its time, in the analysis's order (costliest
+    first): those that name the job, and those that name nobody (a GPU's anonymous workload).
+    Each is the analysis's own object, less its sparkline."""
+    out = []
+    for f in doc["findings"]:
+        if f["uuid"] not in uuids or _ts(f["end"]) < start or _ts(f["start"]) > end:
+            continue
+        named = [f.get(k) for k in ("job", "holder", "victim", "aggressor") if f.get(k)]
+        if named and tenant not in named:
+            continue
+        out.append({k: v for k, v in f.items() if k != "series"})
+    return out
+
+
+def _gpu(
+    g: dict[str, Any],
+    span: tuple[str, str, float, float],
+    u: Usage | None,
+    holding: Holding | None,
+    findings: list[dict[str, Any]],
+    th: Thresholds,
+) -> dict[str, Any]:
+    """One GPU of the job: the analysis's class over the job's time, and the raw usage."""
+    node, uuid, start, end = span
+    own_memory = holding.memory_max_bytes if holding else None
+    # Time the job was seen on the GPU (a nightly job is there at night only); a GPU the
+    # scheduler allocated that never saw the job's processes was held all along.
+    held = min(holding.held_seconds, end - start) if holding else end - start
+    cls, confidence, evidence = _class_over(g.get("segments", []), start, end)
+    total = u.memory_total_bytes if u else None
+    limit = u.power_limit_watts if u else None
+    starved = [f for f in findings if f["kind"] == "starved" and f["uuid"] == uuid]
+    ran = None if u is None or u.util_max is None else u.util_max > th.idle_util_ratio
+    return {
+        "node": node,
+        "gpu": g.get("gpu"),
+        "uuid": uuid,
+        "model": g.get("model"),
+        "class": cls,
+        "confidence": confidence,
+        "evidence": evidence,
+        "start": iso(start),
+        "end": iso(end),
+        "held_hours": round(held / HOUR, 2),
+        "ran_kernels": ran,
+        "utilization": _r(u.util_mean if u else None),
+        "utilization_p95": _r(u.util_p95 if u else None),
+        "sm_active": _r(u.sm_active_mean if u else None),
+        "memory_peak_bytes": _int(u.memory_max_bytes if u else None),
+        "job_memory_peak_bytes": _int(own_memory),
+        "memory_total_bytes": _int(total),
+        "memory_peak_ratio": _r(_ratio(_peak(own_memory, u), total)),
+        "power_watts": _r(u.power_mean_watts if u else None, 1),
+        "power_limit_watts": _r(limit, 1),
+        "power_ratio": _r(_ratio(u.power_mean_watts if u else None, limit)),
+        "waiting_ratio": _r(max((f.get("waiting_ratio") or 0.0 for f in starved), default=None)),
+        "samples": u.samples if u else 0,
+    }
+
+
+def _peak(own: float | None, u: Usage | None) -> float | None:
+    """The job's own peak where its processes report memory, else the device's."""
+    return own if own else (u.memory_max_bytes if u else None)
+
+
+def _ratio(value: float | None, ref: float | None) -> float | None:
+    return None if value is None or not ref else value / ref
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _class_over(
+    segments: list[dict[str, Any]], start: float, end: float
+) -> tuple[str | None, float | None, list[str]]:
+    """The class the analysis gave the GPU for most of ``[start, end]``, its time-weighted
+    confidence, and the evidence of the longest segment of that class."""
+    weight: dict[str, float] = {}
+    best: dict[str, tuple[float, dict[str, Any]]] = {}
+    for s in segments:
+        overlap = min(_ts(s["end"]), end) - max(_ts(s["start"]), start)
+        if overlap <= 0:
+            continue
+        weight[s["class"]] = weight.get(s["class"], 0.0) + overlap
+        if overlap > best.get(s["class"], (0.0, {}))[0]:
+            best[s["class"]] = (overlap, s)
+    if not weight:
+        return None, None, []
+    # The job held the GPU, so its stretches the analysis calls idle are gaps between its runs
+    # (a nightly job's days), not its class; idle only when nothing else is seen.
+    busy = {c: w for c, w in weight.items() if c != "idle"} or weight
+    cls = max(busy, key=lambda c: (busy[c], c))
+    segs = [s for s in segments if s["class"] == cls]
+    conf = (
+        sum(
+            s["confidence"] * max(min(_ts(s["end"]), end) - max(_ts(s["start"]), start), 0.0)
+            for s in segs
+        )
+        / weight[cls]
+    )
+    return str(cls), round(conf, 2), list(best[cls][1].get("evidence", []))
+
+
+def _job_class(gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """The class held for most of the job's GPU-hours, with the evidence of its busiest GPU."""
+    hours: dict[str, float] = {}
+    for g in gpus:
+        if g["class"]:
+            hours[g["class"]] = hours.get(g["class"], 0.0) + g["held_hours"]
+    if not hours:
+        return {"class": None, "confidence": None, "evidence": []}
+    cls = max(hours, key=lambda c: (hours[c], c))
+    mine = [g for g in gpus if g["class"] == cls]
+    lead = max(mine, key=lambda g: (g["held_hours"], g["confidence"] or 0.0))
+    conf = sum((g["confidence"] or 0.0) * g["held_hours"] for g in mine) / max(hours[cls], 1e-9)
+    return {"class": cls, "confidence": round(conf, 2), "evidence": lead["evidence"]}
+
+
+def _waiting(findings: list[dict[str, Any]], tenant: str, gpu_hours: float) -> dict[str, Any]:
+    """The job's waiting from its own starved findings: share of its GPU-hours, and by cause."""
+    causes: dict[str, float] = {}
+    straggler = None
+    for f in findings:
+        if f["kind"] == "starved" and f.get("job") in (tenant, None):
+            for cause, h in (f.get("causes") or {f["cause"]: f["gpu_hours_lost"]}).items():
+                causes[cause] = causes.get(cause, 0.0) + float(h)
+            straggler = straggler or f.get("straggler")
+    lost = sum(causes.values())
+    return {
+        "ratio": round(lost / gpu_hours, 3) if gpu_hours else None,
+        "gpu_hours": round(lost, 2),
+        "cause": max(causes, key=lambda c: (causes[c], c)) if causes else None,
+        "causes": {c: round(h, 2) for c, h in sorted(causes.items(), key=lambda kv: -kv[1])},
+        "straggler": straggler,
+    }
+
+
+def _changes(
+    gpus: list[dict[str, Any]],
+    findings: list[dict[str, Any]],
+    tenant: str,
+    waiting: dict[str, Any],
+    cls: dict[str, Any],
+    seconds: float,
+    th: Thresholds,
+) -> list[dict[str, Any]]:
+    """Every change the evidence supports, with the GPU-hours it would save, costliest first."""
+    out = [
+        *_unused(gpus),
+        *_idle_held(findings, tenant, cls["class"]),
+        *_starved(waiting),
+        *_slowed(findings, tenant),
+        *_rightsize(gpus, cls["class"]),
+    ]
+    # The analysis counts in 5-minute buckets, the job's time in process scans: a change never
+    # saves more than the job held.
+    total = round(sum(g["held_hours"] for g in gpus), 2)
+    for c in out:
+        c["gpu_hours"] = min(c["gpu_hours"], total)
+    return sorted(out, key=lambda c: -c["gpu_hours"])
+
+
+def _change(action: str, summary: str, gpu_hours: float, evidence: list[str]) -> dict[str, Any]:
+    return {
+        "action": action,
+        "summary": summary,
+        "gpu_hours": round(gpu_hours, 2),
+        "evidence": evidence,
+    }
+
+
+def _unused(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    idle = [g for g in gpus if g["ran_kernels"] is False]
+    if not idle:
+        return []
+    names = ", ".join(f"{g['node']}/{g['gpu']}" for g in idle)
+    hours = sum(g["held_hours"] for g in idle)
+    n, k = len(gpus), len(gpus) - len(idle)
+    if k == 0:
+        summary = (
+            f"release the GPU{'s' if n > 1 else ''}: {n} held for "
+            f"{max(g['held_hours'] for g in idle):.1f} h and never ran a kernel"
+        )
+        return [_change("release", summary, hours, [f"no kernel ran on {names}"])]
+    summary = f"ask for {k} GPU{'s' if k > 1 else ''}, not {n}: {len(idle)} never ran a kernel"
+    evidence = [f"utilization never above the idle level on {names}"]
+    return [_change("fewer_gpus", summary, hours, evidence)]
+
+
+def _idle_held(
+    findings: list[dict[str, Any]], tenant: str, cls: str | None
+) -> list[dict[str, Any]]:
+    mine = [f for f in findings if f["kind"] == "idle_held" and f.get("holder") == tenant]
+    if not mine:
+        return []
+    hours = sum(f["gpu_hours_lost"] for f in mine)
+    longest = max(f.get("longest_seconds") or 0.0 for f in mine) / HOUR
+    fix = (
+        "stop the notebook's kernel when done, or let an idle culler do it"
+        if cls == "interactive"
+        else "end the job (or release the GPUs) when it stops computing"
+    )
+    summary = (
+        f"held {len({f['uuid'] for f in mine})} GPU(s) with no compute for {hours:.1f} "
+        f"GPU-hours (longest stretch {longest:.1f} h): {fix}"
+    )
+    return [_change("release_idle", summary, hours, [f["evidence"][0] for f in mine[:3]])]
+
+
+def _starved(waiting: dict[str, Any]) -> list[dict[str, Any]]:
+    cause = waiting["cause"]
+    if cause is None or not waiting["gpu_hours"]:
+        return []
+    straggler = f" (straggler {waiting['straggler']})" if waiting.get("straggler") else ""
+    summary = ADVICE.get(cause, ADVICE["unknown"]).format(
+        ratio=waiting["ratio"] or 0.0, straggler=straggler
+    )
+    evidence = [
+        f"waited {waiting['gpu_hours']:.1f} of its GPU-hours, by cause: "
+        + ", ".join(f"{c} {h:.1f} GPU-h" for c, h in waiting["causes"].items())
+    ]
+    return [_change(f"starved_{cause}", summary, waiting["gpu_hours"], evidence)]
+
+
+def _slowed(findings: list[dict[str, Any]], tenant: str) -> list[dict[str, Any]]:
+    mine = [
+        f
+        for f in findings
+        if f["kind"] == "noisy_neighbor" and f.get("victim") == tenant and f["gpu_hours_lost"] > 0
+    ]
+    if not mine:
+        return []
+    worst = max(mine, key=lambda f: f["gpu_hours_lost"])
+    slowdown = worst.get("slowdown_ratio")
+    how = f"{slowdown:.0%} slower" if isinstance(slowdown, float) else "slowed"
+    fix = (
+        "ask for exclusive GPUs (no time-slicing or MPS sharing)"
+        if worst.get("resource") == "gpu"
+        else "ask for exclusive nodes, or report the noisy neighbour to the admins"
+    )
+    summary = f"{how} while {worst['aggressor']} shared its {worst['resource']}: {fix}"
+    hours = sum(f["gpu_hours_lost"] for f in mine)
+    return [_change("isolate", summary, hours, [worst["evidence"][0]])]
+
+
+def _rightsize(gpus: list[dict[str, Any]], cls: str | None) -> list[dict[str, Any]]:
+    """A MIG slice (or a smaller GPU) when the job's memory peak and busiest compute both fit
+    one: the peak with 10% headroom within the slice's memory, p95 utilization within its share
+    of the compute. Never for training (a slice would slow it)."""
+    busy = [g for g in gpus if g["ran_kernels"] and g["memory_peak_ratio"] is not None]
+    if (
+        cls == "training"
+        or not busy
+        or len(busy) < len([g for g in gpus if g["ran_kernels"] is not False])
+    ):
+        return []
+    peak_ratio = max(g["memory_peak_ratio"] for g in busy)
+    if peak_ratio > RIGHTSIZE_MAX_MEMORY_RATIO:
+        return []
+    peak = max(g["job_memory_peak_bytes"] or g["memory_peak_bytes"] or 0 for g in busy)
+    total = busy[0]["memory_total_bytes"]
+    p95 = max(g["utilization_p95"] or 0.0 for g in busy)
+    hours = sum(g["held_hours"] for g in busy)
+    fit = _slice(busy[0]["model"], peak * MEMORY_HEADROOM / GIB, p95)
+    evidence = [
+        f"memory peak {peak / GIB:.0f} GiB of {total / GIB:.0f}" if total else "",
+        f"utilization p95 {p95:.0%}",
+    ]
+    if fit is not None:
+        summary = (
+            f"memory peak {peak / GIB:.0f} GiB of {total / GIB:.0f}: fits a {fit['name']} MIG "
+            f"slice ({fit['slices']}/7 of the GPU)"
+        )
+        saved = hours * (1.0 - fit["slices"] / 7.0)
+        return [_change("smaller_gpu", summary, saved, [e for e in evidence if e])]
+    if p95 > 0.5 or not total:
+        return []
+    summary = f"memory peak {peak / GIB:.0f} GiB of {total / GIB:.0f}: fits a smaller GPU"
+    return [_change("smaller_gpu", summary, hours * (1.0 - max(p95, peak_ratio)), evidence)]
+
+
+def _slice(model: str | None, need_gib: float, p95: float) -> dict[str, Any] | None:
+    """The smallest MIG profile of ``model`` with the memory and the compute share needed."""
+    fits = [
+        p
+        for p in profiles_for(model)
+        if p["memory_gb"] >= need_gib and p["slices"] / 7.0 >= p95 and p["slices"] < 7
+    ]
+    return min(fits, key=lambda p: (p["slices"], p["memory_gb"])) if fits else None
+
+
+def _verdict(
+    changes: list[dict[str, Any]], gpu_hours: float, seconds: float, th: Thresholds
+) -> dict[str, Any]:
+    """The one change that would help most, or "healthy" (or "too short to judge")."""
+    worth = [
+        c
+        for c in changes
+        if c["gpu_hours"] >= max(VERDICT_MIN_SHARE * gpu_hours, 0.1)
+        or c["action"] in ("release", "fewer_gpus")
+    ]
+    if worth:
+        top = worth[0]
+        return {"action": top["action"], "summary": top["summary"], "gpu_hours": top["gpu_hours"]}
+    if seconds < th.min_evidence_seconds:
+        return {
+            "action": "none",
+            "summary": f"too short to judge ({seconds / 60:.0f} min seen)",
+            "gpu_hours": 0.0,
+        }
+    return {"action": "none", "summary": "healthy: nothing found worth changing", "gpu_hours": 0.0}

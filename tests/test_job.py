@@ -1,0 +1,131 @@
+"""``aiscope job``: one workload's summary, read from the same analysis ``analyze`` reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiscope.slurm import decode, encode
+from analyzer.analysis import analyze
+from analyzer.job import job_summary
+from report.job import render_job
+from conftest import run_aiscope
+
+JOBS = ["41000", "41006", "41007", "41008", "41009", "jupyter-user5.service"]
+
+
+@pytest.fixture(scope="module")
+def analysis(demo_two_day_store: Path) -> dict[str, Any]:
+    return analyze([str(demo_two_day_store)], "7d")
+
+
+@pytest.fixture(scope="module")
+def summaries(demo_two_day_store: Path) -> dict[str, dict[str, Any]]:
+    return {j: job_summary([str(demo_two_day_store)], j) for j in JOBS}
+
+
+def _names(f: dict[str, Any]) -> set[str]:
+    return {str(f[k]) for k in ("job", "holder", "victim", "aggressor") if f.get(k)}
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_findings_are_analyzes_findings_for_the_job(
+    job: str, analysis: dict[str, Any], summaries: dict[str, dict[str, Any]]
+) -> None:
+    doc = summaries[job]
+    uuids = {g["uuid"] for g in doc["gpus"]}
+    name = doc["job"]["name"]
+    expected = [
+        {k: v for k, v in f.items() if k != "series"}
+        for f in analysis["findings"]
+        if f["uuid"] in uuids and name in _names(f)
+    ]
+    assert doc["findings"] == expected
+    assert doc["analysis"]["window"] == analysis["window"]
+
+
+def test_each_demo_job_gets_the_verdict_its_evidence_supports(
+    summaries: dict[str, dict[str, Any]],
+) -> None:
+    verdict = {j: d["verdict"] for j, d in summaries.items()}
+    # the CPU-starved fine-tune: input-bound, with its measured share and the fix
+    assert verdict["41006"]["action"] == "starved_input_cpu"
+    assert "waiting on CPU" in verdict["41006"]["summary"]
+    assert "DataLoader workers" in verdict["41006"]["summary"]
+    # the 16-GPU run waits in collectives behind a straggler
+    assert verdict["41000"]["action"] == "starved_communication"
+    stragglers = {f.get("straggler") for f in summaries["41000"]["findings"]} - {None}
+    assert all(f"straggler {s}" in verdict["41000"]["summary"] for s in stragglers)
+    # the time-sliced victim: ask for exclusive GPUs; its co-tenant is not slowed (no verdict)
+    assert verdict["41007"]["action"] == "isolate"
+    assert "slurm job 41008" in verdict["41007"]["summary"]
+    assert verdict["41008"]["action"] == "none"
+    # the job that holds a GPU and never computes, and the notebook unit idle between sessions
+    assert verdict["41009"]["action"] in ("release_idle", "release")
+    assert verdict["jupyter-user5.service"]["action"] == "release_idle"
+    assert "notebook" in verdict["jupyter-user5.service"]["summary"]
+    for doc in summaries.values():
+        assert doc["verdict"]["gpu_hours"] <= doc["gpu_hours"] + 1e-6
+
+
+def test_per_gpu_figures_are_physical(summaries: dict[str, dict[str, Any]]) -> None:
+    doc = summaries["41006"]
+    assert doc["schema"] == "aiscope.job/1"
+    assert doc["nodes"] == ["gpu-node-04"]
+    assert [g["gpu"] for g in doc["gpus"]] == [0, 1, 2, 3]
+    for g in doc["gpus"]:
+        assert g["memory_peak_bytes"] <= g["memory_total_bytes"]
+        assert 0.0 < g["power_ratio"] <= 1.0
+        assert 0.0 < g["utilization"] <= 1.0
+        assert g["ran_kernels"] is True
+        assert g["waiting_ratio"] and g["waiting_ratio"] > 0.1
+    assert doc["waiting"]["cause"] == "input_cpu"
+    idle = summaries["41009"]["gpus"][0]
+    assert idle["ran_kernels"] is False and idle["class"] == "interactive"
+
+
+def test_a_job_running_at_the_newest_sample_is_running_and_one_that_ended_is_not(
+    summaries: dict[str, dict[str, Any]], demo_two_day_store: Path
+) -> None:
+    assert summaries["41000"]["state"] == "running"
+    for doc in summaries.values():  # ended: not seen in its node's newest process scan
+        if doc["state"] == "ended":
+            assert doc["window"]["end"] < doc["analysis"]["window"]["end"]
+    ended = job_summary([str(demo_two_day_store)], "41000", ended=True)
+    assert ended["state"] == "ended"
+    assert "so far" in render_job(summaries["41000"])
+
+
+def test_allocated_gpus_it_never_touched_are_named(demo_two_day_store: Path) -> None:
+    doc = job_summary(
+        [str(demo_two_day_store)], "41006", allocated=("gpu-node-04", (0, 1, 2, 3, 7))
+    )
+    assert len(doc["gpus"]) == 5
+    unused = [c for c in doc["changes"] if c["action"] == "fewer_gpus"]
+    assert unused and unused[0]["summary"].startswith("ask for 4 GPUs, not 5: 1 never ran")
+
+
+def test_cli_text_json_and_unknown_job(demo_two_day_store: Path) -> None:
+    store = str(demo_two_day_store)
+    text = run_aiscope("job", "41006", "--store", store)
+    assert text.returncode == 0, text.stderr
+    assert "Verdict: input-bound" in text.stdout
+    assert "gpu-node-04/3" in text.stdout
+    as_json = run_aiscope("job", "41007", "--store", store, "--format", "json")
+    assert json.loads(as_json.stdout)["verdict"]["action"] == "isolate"
+    unknown = run_aiscope("job", "41011", "--store", store, env={"PATH": "/nonexistent"})
+    assert unknown.returncode == 2
+    assert unknown.stdout == ""
+    line = unknown.stderr.strip()
+    assert line.count("\n") == 0 and line.startswith("aiscope: job 41011")
+    assert "nearest known: 41009, 41008" in line
+
+
+def test_admin_comment_round_trip(summaries: dict[str, dict[str, Any]]) -> None:
+    doc = summaries["41000"]
+    comment = encode(doc)
+    assert comment.startswith("aiscope:") and len(comment) < 16000
+    assert decode(f"other notes {comment}", "41000") == doc
