@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_aiscope
 
 from aiscope.slurm import decode, encode
 from analyzer.analysis import analyze
 from analyzer.job import job_summary
 from report.job import render_job
-from conftest import run_aiscope
 
 JOBS = ["41000", "41006", "41007", "41008", "41009", "jupyter-user5.service"]
 
