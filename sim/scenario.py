@@ -8,6 +8,7 @@ See ``docs/simulation.md`` for the format.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import BadInput
-from sim.profiles import PROFILES, DeviceProfile
+from sim.profiles import PROFILES, DeviceProfile, MigProfile, mig_layout
 from sim.workloads import REGISTRY, Placement, Window, params_from, workload_class
 
 BUILTIN = Path(__file__).parent / "scenarios"
@@ -33,6 +34,29 @@ class NodeSpec:
     gpus: int
     cpus: int
     infiniband: bool
+    #: MIG layouts: (GPU index, its instances' profiles) for each partitioned GPU.
+    mig: tuple[tuple[int, tuple[MigProfile, ...]], ...] = ()
+
+    def layout(self, gpu: int) -> tuple[MigProfile, ...]:
+        """The MIG instances of ``gpu`` (``()`` for a whole GPU)."""
+        return next((layout for index, layout in self.mig if index == gpu), ())
+
+    def instance_target(self, gpu: int, instance: int) -> int:
+        """The placement number of MIG instance ``instance`` of ``gpu``: instances are numbered
+        after the node's GPUs, in GPU order (GPU indices stay what they are)."""
+        before = sum(len(layout) for index, layout in self.mig if index < gpu)
+        return self.gpus + before + instance
+
+    def targets(self) -> list[tuple[int, int, int | None]]:
+        """Every place a workload can run: (placement number, GPU index, MIG instance or
+        ``None``); a partitioned GPU is not one itself, its instances are."""
+        out: list[tuple[int, int, int | None]] = []
+        for gpu in range(self.gpus):
+            layout = self.layout(gpu)
+            if not layout:
+                out.append((gpu, gpu, None))
+            out += [(self.instance_target(gpu, k), gpu, k) for k in range(len(layout))]
+        return sorted(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +66,10 @@ class WorkloadSpec:
     placements: tuple[Placement, ...]
     window: Window
     params: Any
+    #: Who runs it: the user name its uid resolves to (else ``user<uid>``), and for a workload
+    #: that runs in a pod (``inference``), the pod's namespace.
+    user: str | None = None
+    namespace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +92,9 @@ class Scenario:
     nodes: tuple[NodeSpec, ...]
     workloads: tuple[WorkloadSpec, ...]
     faults: tuple[FaultSpec, ...]
+    #: Relative growth of demand per week (0.08 = +8 % a week, compounding): inference request
+    #: rates are scaled by ``(1 + growth) ** (weeks since the start)``.
+    growth_per_week: float = 0.0
 
 
 def builtin_names() -> list[str]:
@@ -139,6 +170,9 @@ def _parse(data: dict[str, Any], path: Path) -> Scenario:
     interval = float(data.get("interval_seconds", 60))
     if interval <= 0:
         raise ValueError("interval_seconds must be positive")
+    growth = float(data.get("growth_per_week", 0.0))
+    if not -1 < growth <= 10:
+        raise ValueError(f"growth_per_week: expected a ratio above -1 (0.08 = 8 %), got {growth}")
     return Scenario(
         name=str(data.get("name", path.stem)),
         description=str(data.get("description", "")),
@@ -149,6 +183,7 @@ def _parse(data: dict[str, Any], path: Path) -> Scenario:
         nodes=nodes,
         workloads=workloads,
         faults=faults,
+        growth_per_week=growth,
     )
 
 
@@ -157,32 +192,75 @@ def _node(raw: dict[str, Any], i: int) -> NodeSpec:
     model = _need(raw, "gpu", str, where)
     if model not in PROFILES:
         raise ValueError(f"{where}.gpu: unknown GPU model {model!r}; known: {', '.join(PROFILES)}")
+    gpus = int(raw.get("gpus", 8))
     return NodeSpec(
         name=_need(raw, "name", str, where),
         profile=PROFILES[model],
-        gpus=int(raw.get("gpus", 8)),
+        gpus=gpus,
         cpus=int(raw.get("cpus", 96)),
         infiniband=bool(raw.get("infiniband", True)),
+        mig=_mig(raw.get("mig", []), model, gpus, where),
     )
+
+
+def _mig(
+    raw: list[dict[str, Any]], model: str, gpus: int, where: str
+) -> tuple[tuple[int, tuple[MigProfile, ...]], ...]:
+    """``[[nodes.mig]]`` tables: ``gpu = 1`` and ``instances = ["3g.40gb", "1g.10gb", ...]``."""
+    out: dict[int, tuple[MigProfile, ...]] = {}
+    for k, entry in enumerate(raw):
+        gpu = _need(entry, "gpu", int, f"{where}.mig[{k}]")
+        names = entry.get("instances")
+        if not 0 <= gpu < gpus or gpu in out:
+            raise ValueError(f"{where}.mig[{k}].gpu: expected a GPU index of the node, once")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"{where}.mig[{k}].instances: expected a list of MIG profile names")
+        try:
+            out[gpu] = mig_layout(model, names)
+        except BadInput as exc:
+            raise ValueError(f"{where}.mig[{k}]: {exc}") from None
+    return tuple(sorted(out.items()))
 
 
 def _placements(
     raw: dict[str, Any], where: str, nodes: dict[str, NodeSpec]
 ) -> tuple[Placement, ...]:
-    entries = raw.get("placements") or [{"node": raw.get("node"), "gpus": raw.get("gpus", [])}]
+    entries = raw.get("placements") or [
+        {"node": raw.get("node"), "gpus": raw.get("gpus", []), "instances": raw.get("instances")}
+    ]
     out = []
     for j, entry in enumerate(entries):
         node = entry.get("node")
         if node not in nodes:
             raise ValueError(f"{where}.placements[{j}]: unknown node {node!r}")
+        spec = nodes[node]
         gpus = entry.get("gpus", [])
         if gpus == "all":
-            gpus = list(range(nodes[node].gpus))
+            gpus = [g for g in range(spec.gpus) if not spec.layout(g)]
         if not isinstance(gpus, list) or any(
-            not isinstance(g, int) or not 0 <= g < nodes[node].gpus for g in gpus
+            not isinstance(g, int) or not 0 <= g < spec.gpus or spec.layout(g) for g in gpus
         ):
-            raise ValueError(f"{where}.placements[{j}].gpus: expected GPU indices on {node}")
-        out.append(Placement(node, tuple(gpus)))
+            raise ValueError(
+                f"{where}.placements[{j}].gpus: expected GPU indices on {node} that are not "
+                "MIG-partitioned (place work on a partitioned GPU with instances = [\"GPU/N\"])"
+            )
+        instances = _instances(entry.get("instances") or [], spec, f"{where}.placements[{j}]")
+        out.append(Placement(node, tuple(gpus) + instances))
+    return tuple(out)
+
+
+def _instances(raw: list[Any], spec: NodeSpec, where: str) -> tuple[int, ...]:
+    """``instances = ["1/0", "1/2"]``: MIG instance 0 and 2 of GPU 1 (in the GPU's layout
+    order), as placement numbers (:meth:`NodeSpec.instance_target`)."""
+    out = []
+    for item in raw:
+        gpu, _, k = str(item).partition("/")
+        if not (gpu.isdigit() and k.isdigit() and int(k) < len(spec.layout(int(gpu)))):
+            raise ValueError(
+                f"{where}.instances: {item!r} is not a MIG instance of {spec.name} "
+                "(write \"GPU/N\", N counting the GPU's [[nodes.mig]] instances from 0)"
+            )
+        out.append(spec.instance_target(int(gpu), int(k)))
     return tuple(out)
 
 
@@ -199,7 +277,25 @@ def _workload(raw: dict[str, Any], i: int, nodes: dict[str, NodeSpec], days: flo
     if end <= start:
         raise ValueError(f"{where}: end_hours must be after start_hours")
     params = params_from(workload_class(kind), raw.get("params", {}), f"{where}.params")
-    return WorkloadSpec(name, kind, _placements(raw, where, nodes), Window(start, end), params)
+    return WorkloadSpec(
+        name,
+        kind,
+        _placements(raw, where, nodes),
+        Window(start, end),
+        params,
+        user=_identity(raw, "user", where),
+        namespace=_identity(raw, "namespace", where),
+    )
+
+
+def _identity(raw: dict[str, Any], key: str, where: str) -> str | None:
+    """An optional user or namespace name (a DNS label for a namespace, a login for a user)."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,62}", value):
+        raise ValueError(f"{where}.{key}: expected a lower-case name like 'alice', got {value!r}")
+    return value
 
 
 def _fault(raw: dict[str, Any], i: int, nodes: dict[str, NodeSpec]) -> FaultSpec:
