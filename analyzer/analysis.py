@@ -12,6 +12,7 @@ from analyzer.classify import GpuVerdict, classify
 from analyzer.context import Finding, to_json
 from analyzer.findings import find_all
 from analyzer.load import InputError, expand, load
+from analyzer.mig import mig_json
 from analyzer.owners import account
 from analyzer.prices import Accounting
 from analyzer.recommendations import run_all
@@ -81,6 +82,7 @@ def _gpu(v: GpuVerdict, waiting: Finding | None) -> dict[str, Any]:
         "gpu": v.info.gpu_index,
         "uuid": v.info.uuid,
         "model": v.info.model,
+        **mig_json(v.info),
         "class": v.gpu_class,
         "confidence": v.confidence,
         "evidence": list(v.evidence),

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.schema import GpuClass
+from analyzer import mig
 from analyzer.load import Bucket, FleetData, GpuInfo
 from analyzer.reference import PowerRef, computed, held, references
 from analyzer.thresholds import Thresholds
@@ -864,4 +865,7 @@ def _overall(gpu: GpuInfo, segments: list[Segment], ref: PowerRef) -> GpuVerdict
     evidence = [f"{best} for {share[best] / total:.0%} of the window", *longest.evidence]
     if share.get("idle", 0.0) > 0 and best != "idle":
         evidence.append(f"idle for {share['idle'] / total:.0%}")
+    source = mig.evidence(gpu)  # where a MIG instance's activity came from
+    if source is not None:
+        evidence.append(source)
     return GpuVerdict(gpu, best, confidence, tuple(evidence), tuple(segments), ref)

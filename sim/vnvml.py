@@ -182,16 +182,21 @@ class VirtualGpu:
         del self.process_samples[: -4 * max(1, len(self.processes))]
 
 
+def mig_uuid(parent_uuid: str, k: int) -> str:
+    """The uuid of the ``k``-th MIG device of a virtual GPU (``MIG-`` and a uuid of its own)."""
+    base = parent_uuid.removeprefix("GPU-")
+    return f"MIG-{base[:-4]}{(int(base[-4:], 16) + 0x101 * (k + 1)) & 0xFFFF:04x}"
+
+
 def partition(gpu: VirtualGpu, layout: tuple[MigProfile, ...]) -> None:
     """Enable MIG on ``gpu`` with one MIG device per profile of ``layout`` (one compute instance
     spanning each GPU instance, as ``nvidia-smi mig -cgi ... -C`` creates). GPU-instance ids
     follow the order of the layout from 1 (a full ``7g`` instance gets 0, as on real drivers);
     uuids are derived from the parent's, so a scenario always gets the same ones."""
-    base = gpu.uuid.removeprefix("GPU-")
     gpu.mig_enabled = True
     gpu.mig_instances = [
         VirtualMigInstance(
-            uuid=f"MIG-{base[:-4]}{(int(base[-4:], 16) + 0x101 * (k + 1)) & 0xFFFF:04x}",
+            uuid=mig_uuid(gpu.uuid, k),
             profile=profile,
             gpu_instance_id=0 if profile.compute_slices == MIG_COMPUTE_SLICES else k + 1,
         )

@@ -55,7 +55,8 @@ class PowerStrategy:
                 if cls != "idle":
                     held[cls] = held.get(cls, 0.0) + hours
                     node_useful[v.info.node] = node_useful.get(v.info.node, 0.0) + hours
-                    if v.info.power_limit_watts:
+                    # A power limit is set per physical GPU: a MIG instance cannot be capped.
+                    if v.info.power_limit_watts and v.info.parent_uuid is None:
                         key = f"{cls} {v.info.model or '?'}"
                         power_by_class.setdefault(key, []).append(b.power_watts)
                         limits.setdefault(key, []).append(v.info.power_limit_watts)
