@@ -37,14 +37,19 @@ from analyzer.recommendations.demand import (
     mean,
     services,
 )
+from analyzer.recommendations.forward import (
+    Backtest,
+    Forecast,
+    backtest_headroom,
+    forecast_upper,
+    period_for,
+)
 
 WEEK = 7 * 86400
 DAY = 86400
 #: Schedule slots are numbered from Monday 00:00 UTC: epoch 0 was a Thursday, so Monday 00:00
 #: of the first week is 4 days later.
 MONDAY_OFFSET = 4 * DAY
-#: Hour-of-week slots once this many weeks of history are there; hour of day before.
-FULL_WEEKS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,18 +122,64 @@ def fit(
     return Schedule(period_seconds, 3600, gpus)
 
 
+@dataclass(frozen=True, slots=True)
+class ForwardFit:
+    """A schedule fitted to the forecast of the week it will be used in
+    (:mod:`analyzer.recommendations.forward`), and what it rests on."""
+
+    schedule: Schedule
+    forecast: Forecast
+    backtest: Backtest | None
+    headroom_ratio: float
+    #: The peak-based baseline: the fitting window's peak, in whole replicas.
+    peak_gpus: int
+    #: Slots the forecast put above the peak baseline and were held at it (growth not
+    #: significant), and slots left above it because the growth is.
+    capped_slots: int
+    above_peak_slots: int
+
+
+def fit_forward(
+    times: Sequence[float],
+    demand: Sequence[float],
+    settings: ReservationSettings,
+    horizon: tuple[float, float],
+    step: int = 1,
+) -> ForwardFit:
+    """The reservation schedule for the ``horizon`` (epoch seconds) after ``times``: the
+    forecast's ``quantile`` upper bound per hour (trend and its interval included), widened to
+    its neighbouring hours (demand ramps), plus the headroom the rolling backtest on the same
+    history justifies (``settings.headroom_ratio`` when too short for one). Never above the
+    window's peak unless the growth is significant (its 90% interval above zero)."""
+    half_life = settings.recency_half_life_days * DAY
+    period = period_for(times[-1] - times[0])
+    forecast = forecast_upper(times, demand, settings.quantile, period, horizon, half_life)
+    backtest = backtest_headroom(
+        times, demand, settings.quantile, half_life, settings.min_history_days
+    )
+    headroom = backtest.headroom_ratio if backtest else settings.headroom_ratio
+    up = forecast.upper
+    n = len(up)
+    values = [max(up[(s - 1) % n], up[s], up[(s + 1) % n]) * (1 + headroom) for s in range(n)]
+    peak = _round_up(max(demand), step)
+    trend = forecast.trend
+    # Above the peak only by the growth the trend extrapolates to the horizon's end, and only
+    # when that growth is significant; otherwise the peak baseline is the ceiling.
+    grown = trend.level(horizon[1]) / trend.level(times[-1]) if trend.significant_growth else 1.0
+    ceiling = max(peak, _round_up(peak * grown, step))
+    capped = sum(1 for v in values if _round_up(v, step) > ceiling)
+    values = [min(v, ceiling) for v in values]
+    above = sum(1 for v in values if _round_up(v, step) > peak)
+    gpus = tuple(_round_up(v, step) for v in values)
+    schedule = Schedule(period, 3600, gpus)
+    return ForwardFit(schedule, forecast, backtest, headroom, peak, capped, above)
+
+
 def _key(t: float, period_seconds: int) -> int:
     """The slot a time falls in: its hour of day, or of the week from Monday 00:00 UTC."""
     if period_seconds == DAY:
         return int((t % DAY) // 3600)
     return int(((t - MONDAY_OFFSET) % WEEK) // 3600)
-
-
-def period_for(history_seconds: float) -> int:
-    """Hour of week once every hour of the week has been seen :data:`FULL_WEEKS` times; before
-    that, hour of day over all days (one week gives one sample hour per hour-of-week slot: on
-    ServeGen's real demand that under-covers week 2 in 3% of minutes, pooled days in 0.3%)."""
-    return WEEK if history_seconds >= FULL_WEEKS * WEEK else DAY
 
 
 def flat(gpus: float, step: int = 1) -> Schedule:
