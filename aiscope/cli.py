@@ -928,6 +928,101 @@ def _allocated(node: str | None, gpus: str | None) -> tuple[str, tuple[int, ...]
     return (node or socket.gethostname().split(".")[0], indexes)
 
 
+@app.command("plan")
+def plan_command(
+    store: Annotated[
+        list[str] | None,
+        typer.Option(help="A store file, directory or glob; repeat it to plan for a fleet."),
+    ] = None,
+    horizon: Annotated[
+        str, typer.Option(help="How far to forecast: a DURATION like 12w, 90d or 2160h.")
+    ] = "12w",
+    since: Annotated[
+        str | None,
+        typer.Option(
+            help="History to read, ending at the newest sample (default: everything stored; "
+            "with --prometheus, 90d)."
+        ),
+    ] = None,
+    output_format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+    wait: WaitOption = 10.0,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="TOML file: [site] (rack_kw, nodes_per_rack, gpus_per_node, "
+            "node_overhead_watts, target_utilization) and [thresholds] for the classifier."
+        ),
+    ] = None,
+    prometheus: PrometheusOption = None,
+    match: MatchOption = None,
+    prometheus_vocabulary: VocabularyOption = "auto",
+    prometheus_bearer_token_file: TokenFileOption = None,
+    prometheus_basic_auth: BasicAuthOption = None,
+    prometheus_header: HeaderOption = None,
+    prometheus_ca_file: CaFileOption = None,
+) -> None:
+    """The capacity plan: demand per class and per pool over the stored history, its trend and
+    season, forecasts with their backtested error, when each pool runs out, and what to buy.
+
+    Inference demand is in GPU-equivalents (busy share over the target utilization); training
+    and interactive demand in GPUs held. A pool without two weeks of history (and three
+    backtest origins) gets not_enough_data and no forecast. JSON schema aiscope.plan/1.
+
+    \b
+    Examples:
+      aiscope plan --store /var/lib/aiscope
+      aiscope plan --store 'fleet/*.duckdb' --horizon 26w --format json > plan.json
+      aiscope plan --store fleet/ --config /etc/aiscope/aiscope.toml   # [site] rack_kw = 40
+      aiscope plan --prometheus http://prometheus:9090 --since 60d
+    """
+    from report.outlook import render_text  # noqa: PLC0415
+
+    if output_format not in ("text", "json"):
+        raise BadInput(f"--format: expected text or json, got {output_format!r}")
+    source = _source(
+        prometheus,
+        store,
+        match,
+        prometheus_vocabulary,
+        prometheus_bearer_token_file,
+        prometheus_basic_auth,
+        prometheus_header,
+        prometheus_ca_file,
+    )
+    doc = _plan_document(store, horizon, since, wait, config, source)
+    typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
+
+
+def _plan_document(
+    store: list[str] | None,
+    horizon: str,
+    since: str | None,
+    wait: float,
+    config: Path | None,
+    source: Any = None,
+) -> dict[str, Any]:
+    """The plan document of the stores, or of the ``--prometheus`` server (``source``)."""
+    from agent.config import default_store  # noqa: PLC0415
+    from analyzer.plan import parse_horizon, plan, site_from_file  # noqa: PLC0415
+    from analyzer.thresholds import from_file  # noqa: PLC0415
+
+    parse_horizon(horizon)  # bad input before anything is read
+    if since is not None:
+        parse_horizon(since, "--since")
+    thresholds, site = from_file(config), site_from_file(config)
+    if source is not None:
+        from aiscope.prometheus import plan_prometheus  # noqa: PLC0415
+
+        with _progress(f"reading {source.url}") as update:
+            doc = plan_prometheus(source, since or "90d", horizon, thresholds, site)
+            update(1.0)
+        return doc
+    with _progress("planning") as update:
+        doc = plan(store or [str(default_store())], horizon, since, wait, thresholds, site)
+        update(1.0)
+    return doc
+
+
 @contextmanager
 def _progress(label: str) -> Iterator[Callable[[float], None]]:
     """A progress bar on a terminal; silent when stderr is piped."""

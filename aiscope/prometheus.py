@@ -16,6 +16,7 @@ from agent.promread import PrometheusSource, read
 from agent.store import Store
 from analyzer.analysis import analyze, parse_duration
 from analyzer.load import bucket_for
+from analyzer.plan import Site, parse_horizon, plan
 from analyzer.prices import Accounting
 from analyzer.thresholds import Thresholds
 
@@ -46,4 +47,27 @@ def analyze_prometheus(
     doc["source"]["fetch_seconds"] = round(fetched - started, 2)
     doc["source"]["analysis_seconds"] = round(analyzed - fetched, 2)
     doc["source"]["requests"] = report.requests
+    return doc
+
+
+def plan_prometheus(
+    source: PrometheusSource,
+    since: str,
+    horizon: str,
+    thresholds: Thresholds | None = None,
+    site: Site | None = None,
+) -> dict[str, Any]:
+    """The plan document of the ``since`` of history that ends at the server's newest GPU
+    sample (read into a temporary store, as for the analysis)."""
+    seconds = parse_horizon(since, "--since")
+    with tempfile.TemporaryDirectory(prefix="aiscope-prometheus-") as tmp:
+        path = Path(tmp) / "prometheus.duckdb"
+        store = Store(path)
+        try:
+            report = read(source, seconds, store, bucket_for)
+        finally:
+            store.close()
+        doc = plan([str(path)], horizon, None, thresholds=thresholds, site=site)
+    doc["stores"] = []
+    doc["source"] = report.to_json()
     return doc

@@ -311,6 +311,57 @@ def lines(
     return "".join(parts)
 
 
+def forecast_band(
+    history: Sequence[float | None],
+    forecast: Sequence[tuple[float, float, float]],
+    capacity: float | None,
+    title: str,
+    desc: str,
+    y_label: str = "GPUs",
+    x_labels: Sequence[tuple[float, str]] = (),
+    width: int = 760,
+    height: int = 220,
+) -> str:
+    """Demand per day (a solid line), then the forecast per week (``(p50, low, high)``: a
+    dashed line in a shaded band) and the capacity (a dash-dot line). ``x_labels`` are placed
+    in days from the first day."""
+    head, _ = _open(width, height, title, desc)
+    left, top, bottom = 44, 30, 28
+    w, h = width - left - 10, height - top - bottom
+    days = len(history) + 7 * len(forecast)
+    values = [v for v in history if v is not None] + [f[2] for f in forecast]
+    ticks = nice_ticks(max([*values, capacity or 0.0], default=1.0))
+    ymax = ticks[-1]
+
+    def xy(day: float, v: float) -> str:
+        return f"{left + w * day / max(days, 1):.1f},{_y(v, top, h, ymax):.1f}"
+
+    past = [xy(i + 0.5, v) for i, v in enumerate(history) if v is not None]
+    at = [len(history) + 7 * k + 3.5 for k in range(len(forecast))]
+    band = [xy(d, f[2]) for d, f in zip(at, forecast, strict=True)]
+    band += [xy(d, f[1]) for d, f in reversed(list(zip(at, forecast, strict=True)))]
+    color = COLORS["demand"]
+    parts = [head, _axes(left, top, w, h, ticks, y_label)]
+    if band:
+        parts.append(
+            f'<polygon points="{" ".join(band)}" fill="{color}" fill-opacity="0.25" stroke="none"/>'
+        )
+    parts.append(_line(past, color, ""))
+    parts.append(_line([xy(d, f[0]) for d, f in zip(at, forecast, strict=True)], color, "6 3"))
+    if capacity is not None:
+        parts.append(_line([xy(0, capacity), xy(days, capacity)], COLORS["current"], "8 2 2 2"))
+    keys = [("demand (daily p99)", color, ""), ("forecast p50 and band", color, "6 3")]
+    keys += [("capacity", COLORS["current"], "8 2 2 2")] if capacity is not None else []
+    for k, (name, c, dash) in enumerate(keys):
+        kx = left + k * 200
+        parts.append(
+            _line([f"{kx},12", f"{kx + 22},12"], c, dash) + _label(kx + 27, 16, name, "start")
+        )
+    parts.append(_x_labels(x_labels, left, w, days + 1, height - 8))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def sparkline(series: dict[str, Sequence[float | None]], title: str, desc: str) -> str:
     """A small chart of a finding's evidence: ratios on a 0-100% scale, with a visible key."""
     width, height, left, top = 300, 76, 40, 26

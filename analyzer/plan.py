@@ -1,0 +1,513 @@
+"""``aiscope plan``: demand per class and per pool over the stored history, its trend and season,
+forecasts with their backtested error, when each pool runs out, and what to buy.
+
+Pools (:data:`POOLS`): ``inference`` (online inference), ``training`` (training and batch) and
+``interactive``. A GPU belongs to the pool of the class it had over the newest week (the
+analysis' classifier); a GPU idle all week belongs to none and is spare capacity.
+
+Demand per hour, from the minute rollups (kept 400 days) and the raw samples where newer:
+
+* inference, in GPU-equivalents, the reservation's measure: the GPUs' busy share (utilization)
+  over the target utilization that leaves latency headroom (0.70);
+* training and interactive, in GPUs held (a GPU with at least 1 GiB in use). The demand that
+  waited in a scheduler's queue is not in an aiscope store: the plan says so.
+
+Each pool's series is forecast with :mod:`analyzer.forecast` (the method its bench chose), and
+only with the error its own rolling-origin backtest showed; too little history gives
+``not_enough_data`` and no forecast. A week's forecast is the week's p99 of the hourly forecast
+(p50 and the interval's bounds); a pool saturates in the first week whose p99 p50 exceeds its
+capacity, and reserved inference is at risk of missing its latency target from the first week
+whose upper bound does.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import tomllib
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analyzer import forecast as fc
+from analyzer.analysis import iso
+from analyzer.classify import classify
+from analyzer.load import History, InputError, expand, history, load
+from analyzer.recommendations.reservation import ReservationSettings
+from analyzer.thresholds import Thresholds
+
+SCHEMA = "aiscope.plan/1"
+HOUR = 3600.0
+DAY = 86_400.0
+WEEK = 7 * DAY
+#: Pool -> the classes whose GPUs it holds and whose demand it serves.
+POOLS: dict[str, tuple[str, ...]] = {
+    "inference": ("inference",),
+    "training": ("training", "batch"),
+    "interactive": ("interactive",),
+}
+CLASSES = ("training", "inference", "batch", "interactive", "idle")
+#: The interval reported with every forecast (and scored by every backtest).
+LEVEL = 0.8
+#: The quantile of a week's hourly demand that sizes a pool.
+WEEK_QUANTILE = 0.99
+_DURATION_UNITS = {"h": HOUR, "d": DAY, "w": WEEK}
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """The ``[site]`` table: what a purchase is made of. ``None``: measured or not known."""
+
+    rack_kw: float | None = None  # the power budget of a rack, kW
+    nodes_per_rack: int = 4
+    gpus_per_node: int | None = None  # default: the fleet's most common node size
+    node_overhead_watts: float = 0.0  # CPUs, NICs, fans: the GPUs' draw is measured, this is not
+    target_utilization: float = ReservationSettings().target_util
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSeries:
+    pool: str
+    classes: tuple[str, ...]
+    capacity_gpus: int
+    unit: str  # gpu_equivalents | gpus_held
+    demand: list[float | None] = field(default_factory=list)
+
+
+def parse_horizon(text: str, flag: str = "--horizon") -> float:
+    """``12w``, ``90d``, ``2160h`` -> seconds. Raises :class:`InputError`."""
+    raw = text.strip()
+    unit = raw[-1:]
+    try:
+        value = float(raw[:-1])
+    except ValueError:
+        value = -1.0
+    if unit not in _DURATION_UNITS or not value > 0 or not math.isfinite(value):
+        raise InputError(f"{flag}: expected a duration like 12w, 90d or 2160h, got {text!r}")
+    return value * _DURATION_UNITS[unit]
+
+
+def site_from_file(path: Path | None) -> Site:
+    """The ``[site]`` table of a TOML config file (defaults when ``path`` is ``None``)."""
+    if path is None:
+        return Site()
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"--config {path}: cannot read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"--config {path}: not valid TOML ({exc})") from None
+    table = data.get("site", {})
+    if not isinstance(table, dict):
+        raise InputError(f"--config {path}: [site] must be a table")
+    return site_from_mapping(table, f"{path}: site")
+
+
+def site_from_mapping(table: Mapping[str, Any], where: str = "site") -> Site:
+    known = (
+        "rack_kw",
+        "nodes_per_rack",
+        "gpus_per_node",
+        "node_overhead_watts",
+        "target_utilization",
+    )
+    for key in table:
+        if key not in known:
+            raise InputError(f"{where}: unknown key {key!r} (known: {', '.join(known)})")
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        integer = key in ("nodes_per_rack", "gpus_per_node")
+        ok = isinstance(value, int) if integer else isinstance(value, int | float)
+        if isinstance(value, bool) or not ok or not math.isfinite(value) or value < 0:
+            kind = "a whole number" if integer else "a number"
+            raise InputError(f"{where}.{key}: expected {kind} >= 0, got {value!r}")
+        values[key] = value
+    if values.get("nodes_per_rack", 1) < 1 or values.get("gpus_per_node", 1) < 1:
+        raise InputError(f"{where}: nodes_per_rack and gpus_per_node must be at least 1")
+    if not 0 < values.get("target_utilization", 0.7) <= 1:
+        raise InputError(f"{where}.target_utilization: expected a ratio in (0, 1]")
+    if values.get("rack_kw", 1.0) <= 0:
+        raise InputError(f"{where}.rack_kw: expected a power budget above 0 kW")
+    return Site(**values)
+
+
+def plan(
+    stores: list[str],
+    horizon: str = "12w",
+    since: str | None = None,
+    timeout: float = 10.0,
+    thresholds: Thresholds | None = None,
+    site: Site | None = None,
+) -> dict[str, Any]:
+    """The ``aiscope.plan/1`` document of the stores."""
+    horizon_seconds = parse_horizon(horizon)
+    since_seconds = parse_horizon(since, "--since") if since else None
+    site = site or Site()
+    paths = expand(stores)
+    hist = history(paths, since_seconds, timeout)
+    data = load(paths, min(WEEK, hist.end - hist.start), timeout=timeout)
+    classes = {v.info.uuid: v.gpu_class for v in classify(data, thresholds)}
+    return build(hist, classes, horizon_seconds, site, [str(p) for p in paths])
+
+
+def build(
+    hist: History,
+    classes: Mapping[str, str],
+    horizon_seconds: float,
+    site: Site,
+    stores: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The plan document from the history and each GPU's class (``uuid`` -> class)."""
+    start = math.floor(hist.start / HOUR) * HOUR
+    steps = max(1, math.ceil((hist.end - start) / HOUR))
+    busy, held = _class_series(hist, classes, start, steps)
+    series = _pool_series(classes, busy, held, site, steps)
+    end = start + steps * HOUR
+    pools = [_pool(s, end, horizon_seconds) for s in series]
+    node = _node_shape(hist, site)
+    spare = _spare(pools, classes)
+    purchases = [p for s in pools if (p := _purchase(s, node, site, spare)) is not None]
+    return {
+        "schema": SCHEMA,
+        "history": {"start": iso(start), "end": iso(end)},
+        "horizon": {"start": iso(end), "end": iso(end + horizon_seconds)},
+        "stores": list(stores),
+        "classes": _classes_json(busy, held, classes, hist, end),
+        "pools": pools,
+        "purchases": purchases,
+        "node": node,
+        "moves": spare["moves"],
+        "notes": _notes(site),
+    }
+
+
+# -- demand series ------------------------------------------------------------------------
+
+
+def _class_series(
+    hist: History, classes: Mapping[str, str], start: float, steps: int
+) -> tuple[dict[str, list[float | None]], dict[str, list[float | None]]]:
+    """Per class and hour: GPUs busy (sum of busy shares) and GPUs held; ``None`` for an hour
+    without any sample of that class's GPUs."""
+    busy: dict[str, list[float | None]] = {c: [None] * steps for c in CLASSES}
+    held: dict[str, list[float | None]] = {c: [None] * steps for c in CLASSES}
+    for h in hist.hours:
+        i = int((h.start - start) // HOUR)
+        if not 0 <= i < steps:
+            continue
+        c = classes.get(h.uuid, "idle")
+        if h.util is not None:
+            busy[c][i] = (busy[c][i] or 0.0) + h.util
+        if h.held_ratio is not None:
+            held[c][i] = (held[c][i] or 0.0) + h.held_ratio
+    return busy, held
+
+
+def _pool_series(
+    classes: Mapping[str, str],
+    busy: Mapping[str, list[float | None]],
+    held: Mapping[str, list[float | None]],
+    site: Site,
+    steps: int,
+) -> list[PoolSeries]:
+    out = []
+    counts: dict[str, int] = defaultdict(int)
+    for c in classes.values():
+        counts[c] += 1
+    for pool, members in POOLS.items():
+        capacity = sum(counts[c] for c in members)
+        if capacity == 0:
+            continue
+        if pool == "inference":
+            demand = [None if v is None else v / site.target_utilization for v in busy["inference"]]
+            unit = "gpu_equivalents"
+        else:
+            demand = _sum([held[c] for c in members], steps)
+            unit = "gpus_held"
+        out.append(PoolSeries(pool, members, capacity, unit, demand))
+    return out
+
+
+def _sum(series: list[list[float | None]], steps: int) -> list[float | None]:
+    out: list[float | None] = []
+    for i in range(steps):
+        values = [s[i] for s in series if s[i] is not None]
+        out.append(sum(v for v in values if v is not None) if values else None)
+    return out
+
+
+# -- one pool -----------------------------------------------------------------------------
+
+
+def _pool(s: PoolSeries, end: float, horizon_seconds: float) -> dict[str, Any]:
+    known = [v for v in s.demand if v is not None]
+    last_week = [v for v in s.demand[-int(WEEK / HOUR) :] if v is not None]
+    entry: dict[str, Any] = {
+        "pool": s.pool,
+        "classes": list(s.classes),
+        "unit": s.unit,
+        "capacity_gpus": s.capacity_gpus,
+        "demand_p99_gpus": _r(fc.quantile(last_week, WEEK_QUANTILE)) if last_week else None,
+        "demand_mean_gpus": _r(sum(last_week) / len(last_week)) if last_week else None,
+        "growth_per_week": None,
+        "season": None,
+        "saturation": None,
+        "forecast": [],
+        "backtest": None,
+        "not_enough_data": None,
+        "history_daily": _daily(s.demand, end),
+    }
+    if s.pool == "inference":
+        entry["slo_risk"] = None
+    days = len(s.demand) * HOUR / DAY
+    if days < 14 or len(known) < 14 * 24 * 0.5:
+        entry["not_enough_data"] = (
+            f"{days:.1f} days of history ({len(known)} hours with data); a weekly forecast "
+            "needs at least 14 days, half of them with data"
+        )
+        return entry
+    bt = fc.backtest(s.demand, HOUR, level=LEVEL)
+    if isinstance(bt, fc.NotEnoughData):
+        entry["not_enough_data"] = bt.reason
+        return entry
+    model = fc.fit(s.demand, HOUR)
+    if isinstance(model, fc.NotEnoughData):
+        entry["not_enough_data"] = model.reason
+        return entry
+    steps = max(1, round(horizon_seconds / HOUR))
+    f = model.forecast(steps, LEVEL)
+    weeks = _weeks(f, end)
+    entry["growth_per_week"] = _r(model.growth_per_week, 4)
+    entry["season"] = _season(s.demand, model.season_steps)
+    entry["forecast"] = weeks
+    entry["backtest"] = {
+        "method": bt.method,
+        "mase": _r(bt.mase),
+        "coverage": _r(bt.coverage),
+        "level": bt.level,
+        "origins": bt.origins,
+        "horizon_hours": bt.horizon_steps,
+    }
+    entry["saturation"] = _first(weeks, "p50", s.capacity_gpus)
+    if s.pool == "inference":
+        entry["slo_risk"] = _first(weeks, "high", s.capacity_gpus)
+    return entry
+
+
+def _weeks(f: fc.Forecast, end: float) -> list[dict[str, Any]]:
+    """The forecast's weeks (from the end of the history): each the p99 of its hours."""
+    per = int(WEEK / HOUR)
+    out = []
+    for k in range(0, len(f.p50), per):
+        chunk = slice(k, k + per)
+        out.append(
+            {
+                "week": iso(end + k * HOUR),
+                "p50": _r(fc.quantile(f.p50[chunk], WEEK_QUANTILE)),
+                "low": _r(fc.quantile(f.low[chunk], WEEK_QUANTILE)),
+                "high": _r(fc.quantile(f.high[chunk], WEEK_QUANTILE)),
+                "mean": _r(sum(f.p50[chunk]) / len(f.p50[chunk])),
+            }
+        )
+    return out
+
+
+def _first(weeks: list[dict[str, Any]], key: str, capacity: int) -> str | None:
+    return next((w["week"] for w in weeks if w[key] is not None and w[key] > capacity), None)
+
+
+def _season(demand: list[float | None], m: int) -> dict[str, Any]:
+    """The season's shape: peak and trough of the mean profile over the mean, and the peak's
+    hour (UTC, of the day or of the week)."""
+    values = fc.fill_gaps(demand, m) or [0.0]
+    profile = [sum(values[p::m]) / len(values[p::m]) for p in range(m)]
+    mean = sum(profile) / m
+    peak = max(range(m), key=lambda p: profile[p])
+    return {
+        "period_hours": m,
+        "peak_to_mean": _r(profile[peak] / mean) if mean > 0 else None,
+        "trough_to_mean": _r(min(profile) / mean) if mean > 0 else None,
+        "peak_offset_hours": peak,
+    }
+
+
+def _daily(demand: list[float | None], end: float) -> list[dict[str, Any]]:
+    """Per day of the history (aligned to its end): the p99 and the mean of the hours."""
+    per = int(DAY / HOUR)
+    n = len(demand)
+    out = []
+    for k in range(n % per, n, per) if n >= per else [0]:
+        hours = [v for v in demand[k : k + per] if v is not None]
+        if hours:
+            day = end - (n - k) * HOUR
+            out.append(
+                {
+                    "day": iso(day),
+                    "p99": _r(fc.quantile(hours, WEEK_QUANTILE)),
+                    "mean": _r(sum(hours) / len(hours)),
+                }
+            )
+    return out
+
+
+# -- what to buy --------------------------------------------------------------------------
+
+
+def _node_shape(hist: History, site: Site) -> dict[str, Any]:
+    """The node a purchase is made of: GPUs per node (the fleet's most common, unless set) and
+    its draw at the p95 of the fleet's own measured history, scaled to that size."""
+    per_node: dict[str, int] = defaultdict(int)
+    for g in hist.gpus:
+        per_node[g.node] += 1
+    sizes = sorted(per_node.values())
+    common = max(set(sizes), key=lambda k: (sizes.count(k), k)) if sizes else 8
+    gpus = site.gpus_per_node or common
+    measured = hist.node_power_p95_watts
+    per_gpu = measured / common if measured is not None and common else None
+    watts = None if per_gpu is None else per_gpu * gpus + site.node_overhead_watts
+    return {
+        "gpus": gpus,
+        "models": sorted({g.model for g in hist.gpus if g.model}),
+        "gpu_power_p95_watts": _r(per_gpu, 1),
+        "kw": _r(watts / 1000, 2) if watts is not None else None,
+        "overhead_watts": site.node_overhead_watts,
+    }
+
+
+def _spare(pools: list[dict[str, Any]], classes: Mapping[str, str]) -> dict[str, Any]:
+    """GPUs that could move to a saturating pool before anything is bought: GPUs idle all of
+    the newest week, and another pool's capacity above its forecast upper bound (at the end of
+    the horizon, or above its newest week's p99 when it has no forecast)."""
+    idle = sum(1 for c in classes.values() if c == "idle")
+    spare_by_pool: dict[str, int] = {}
+    for p in pools:
+        top = max((w["high"] for w in p["forecast"]), default=None)
+        top = p["demand_p99_gpus"] if top is None else top
+        if top is not None and p["saturation"] is None:
+            spare_by_pool[p["pool"]] = max(0, math.floor(p["capacity_gpus"] - top))
+    moves = []
+    for p in pools:
+        if p["saturation"] is None:
+            continue
+        if idle:
+            moves.append(_move("idle", p["pool"], idle, "idle all of the newest week"))
+            idle = 0
+        for other, gpus in spare_by_pool.items():
+            if gpus > 0:
+                why = f"{other}'s capacity above its forecast p99 upper bound"
+                moves.append(_move(other, p["pool"], gpus, why))
+                spare_by_pool[other] = 0
+    return {"moves": moves}
+
+
+def _move(source: str, to: str, gpus: int, why: str) -> dict[str, Any]:
+    return {"from": source, "to": to, "gpus": gpus, "why": why}
+
+
+def _purchase(
+    pool: dict[str, Any], node: dict[str, Any], site: Site, spare: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Whole nodes that keep the pool's forecast p99 (p50) under capacity to the horizon's end,
+    after the moves into it; ``None`` when the pool does not saturate."""
+    if pool["saturation"] is None:
+        return None
+    top = max(w["p50"] for w in pool["forecast"])
+    top_high = max(w["high"] for w in pool["forecast"])
+    moved = sum(m["gpus"] for m in spare["moves"] if m["to"] == pool["pool"])
+    needed = max(0, math.ceil(top - pool["capacity_gpus"]))
+    after = max(0, needed - moved)
+    per = int(node["gpus"])
+    nodes = math.ceil(after / per)
+    kw = None if node["kw"] is None else _r(nodes * node["kw"], 1)
+    return {
+        "by": pool["saturation"],
+        "pool": pool["pool"],
+        "gpus": nodes * per,
+        "nodes": nodes,
+        "kw": kw,
+        "racks": _racks(nodes, node["kw"], site),
+        "gpus_needed": needed,
+        "gpus_moved_first": min(moved, needed),
+        "gpus_needed_at_high": max(0, math.ceil(top_high - pool["capacity_gpus"])),
+    }
+
+
+def _racks(nodes: int, node_kw: float | None, site: Site) -> int:
+    per_rack = site.nodes_per_rack
+    if site.rack_kw is not None and node_kw:
+        per_rack = max(1, min(per_rack, math.floor(site.rack_kw / node_kw)))
+    return math.ceil(nodes / per_rack)
+
+
+# -- demand per class ---------------------------------------------------------------------
+
+
+def _classes_json(
+    busy: Mapping[str, list[float | None]],
+    held: Mapping[str, list[float | None]],
+    classes: Mapping[str, str],
+    hist: History,
+    end: float,
+) -> list[dict[str, Any]]:
+    """Per class: GPUs, mean busy and held GPUs over the newest week, their growth per week
+    over the whole history, and useful work per kW (busy GPUs per kW drawn)."""
+    power = _power_by_class(hist, classes, end)
+    out = []
+    week = int(WEEK / HOUR)
+    for c in CLASSES:
+        gpus = sum(1 for v in classes.values() if v == c)
+        b = [v for v in busy[c][-week:] if v is not None]
+        h = [v for v in held[c][-week:] if v is not None]
+        if not gpus and not b:
+            continue
+        kw = power.get(c)
+        mean_busy = sum(b) / len(b) if b else None
+        out.append(
+            {
+                "class": c,
+                "gpus": gpus,
+                "busy_gpus": _r(mean_busy),
+                "held_gpus": _r(sum(h) / len(h)) if h else None,
+                "growth_per_week": _r(fc.growth_per_week(busy[c], HOUR), 4),
+                "power_kw": _r(kw, 2),
+                "busy_gpus_per_kw": _r(mean_busy / kw) if mean_busy is not None and kw else None,
+            }
+        )
+    return out
+
+
+def _power_by_class(hist: History, classes: Mapping[str, str], end: float) -> dict[str, float]:
+    """Mean GPU draw (kW) per class over the newest week."""
+    hours: dict[str, set[float]] = defaultdict(set)
+    watts: dict[str, float] = defaultdict(float)
+    for h in hist.hours:
+        if h.start >= end - WEEK and h.power_watts is not None:
+            c = classes.get(h.uuid, "idle")
+            watts[c] += h.power_watts
+            hours[c].add(h.start)
+    return {c: watts[c] / len(hours[c]) / 1000 for c in watts if hours[c]}
+
+
+def _notes(site: Site) -> list[str]:
+    notes = [
+        "Training demand is GPUs held: the demand that waited in a scheduler's queue is not in "
+        "an aiscope store.",
+        "Each GPU is counted in the pool of its class over the newest week.",
+    ]
+    if site.node_overhead_watts == 0:
+        notes.append(
+            "Node power is the GPUs' measured draw only; set [site] node_overhead_watts for the "
+            "CPUs, NICs and fans."
+        )
+    return notes
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, digits)
+
+
+def week_of(ts: str) -> dt.datetime:
+    """An ISO timestamp of the document as a datetime (UTC)."""
+    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))
