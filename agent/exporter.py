@@ -29,7 +29,21 @@ from agent.snapshot import GpuProcess, Snapshot
 from agent.store import StoreStats
 from agent.vocabulary import DCGM_GAUGES, DCGM_LABELS
 
-GPU_LABELS = ("node", "gpu", "uuid", "model", "pod_uid", "container_id", "slurm_job_id")
+#: A MIG instance's GPU-instance id and profile, under dcgm-exporter's label names so that
+#: dashboards written for it join; empty (no label) on a whole GPU.
+MIG_LABELS = ("GPU_I_ID", "GPU_I_PROFILE")
+GPU_LABELS = (
+    "node",
+    "gpu",
+    "uuid",
+    "model",
+    "pod_uid",
+    "container_id",
+    "slurm_job_id",
+    *MIG_LABELS,
+)
+#: dcgm-exporter's labels; on a MIG instance ``gpu`` and ``UUID`` are its parent's, as there.
+DCGM_SERIES_LABELS = (*DCGM_LABELS, *MIG_LABELS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +186,27 @@ def _gpu_labels(
         joined("k8s_pod_uid"),
         joined("container_id"),
         joined("slurm_job_id"),
+        *_mig_values(device),
     ]
+
+
+def _mig_labels_only_on_mig(family: Metric) -> Metric:
+    """Drop the empty ``GPU_I_ID``/``GPU_I_PROFILE`` of whole GPUs, as dcgm-exporter writes
+    them only on MIG series (an empty label is no label to Prometheus; this keeps the text the
+    same as before MIG for a node without it)."""
+    for i, sample in enumerate(family.samples):
+        if any(sample.labels.get(k) == "" for k in MIG_LABELS):
+            kept = {k: v for k, v in sample.labels.items() if v or k not in MIG_LABELS}
+            family.samples[i] = sample._replace(labels=kept)
+    return family
+
+
+def _mig_values(device: Device | None) -> list[str]:
+    """``GPU_I_ID`` and ``GPU_I_PROFILE`` of a MIG instance; empty for a whole GPU."""
+    if device is None or device.parent_uuid is None:
+        return ["", ""]
+    gi = "" if device.gpu_instance_id is None else str(device.gpu_instance_id)
+    return [gi, device.mig_profile or ""]
 
 
 class AgentCollector(Collector):
@@ -191,7 +225,7 @@ class AgentCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
         yield from self._build_info()
-        yield from self._gpus(snap)
+        yield from map(_mig_labels_only_on_mig, self._gpus(snap))
         yield from self._processes(snap)
         yield from self._host(snap)
         yield from self._agent(snap, self._store_stats())
@@ -507,33 +541,55 @@ class DcgmCompatCollector(Collector):
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
+        yield from map(_mig_labels_only_on_mig, self._families())
+
+    def _families(self) -> Iterator[Metric]:
         snap = self._snapshot()
         devices = {d.uuid: d for d in snap.devices}
         labels = {}
+        mig: set[str] = set()
         for sample in snap.gpus:
             device = devices.get(sample.uuid)
+            parent = device.parent_uuid if device is not None else None
+            if parent is not None:
+                mig.add(sample.uuid)
             labels[sample.uuid] = [
                 str(sample.gpu_index),
-                sample.uuid,
+                parent or sample.uuid,
                 f"nvidia{sample.gpu_index}",
                 (device.name if device and device.name else ""),
                 snap.node,
                 (device.driver_version if device and device.driver_version else ""),
+                *_mig_values(device),
             ]
         for field, name, scale, doc in DCGM_GAUGES:
-            family = GaugeMetricFamily(name, doc, labels=list(DCGM_LABELS))
+            family = GaugeMetricFamily(name, doc, labels=list(DCGM_SERIES_LABELS))
             for sample in snap.gpus:
                 value = getattr(sample, field)
-                if sample.up and value is not None:
+                # A MIG instance's utilization is GPM's graphics activity: dcgm-exporter serves
+                # it as GR_ENGINE_ACTIVE (below), and no DEV_GPU_UTIL for an instance.
+                skip = field == "utilization_gpu_ratio" and sample.uuid in mig
+                if sample.up and value is not None and not skip:
                     family.add_metric(labels[sample.uuid], float(value) * scale)
             yield family
+        engine = GaugeMetricFamily(
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "Ratio of time the graphics engine is active (MIG instances).",
+            labels=list(DCGM_SERIES_LABELS),
+        )
+        for sample in snap.gpus:
+            if sample.uuid in mig and sample.up and sample.utilization_gpu_ratio is not None:
+                engine.add_metric(labels[sample.uuid], sample.utilization_gpu_ratio)
+        yield engine
         limit = GaugeMetricFamily(
             "DCGM_FI_DEV_POWER_MGMT_LIMIT",
             "Power management limit (in W).",
-            labels=list(DCGM_LABELS),
+            labels=list(DCGM_SERIES_LABELS),
         )
         total = GaugeMetricFamily(
-            "DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", labels=list(DCGM_LABELS)
+            "DCGM_FI_DEV_FB_TOTAL",
+            "Framebuffer memory total (in MiB).",
+            labels=list(DCGM_SERIES_LABELS),
         )
         for sample in snap.gpus:
             device = devices.get(sample.uuid)
@@ -546,7 +602,7 @@ class DcgmCompatCollector(Collector):
         xid = GaugeMetricFamily(
             "DCGM_FI_DEV_XID_ERRORS",
             "Value of the last XID error encountered.",
-            labels=list(DCGM_LABELS),
+            labels=list(DCGM_SERIES_LABELS),
         )
         for uuid, code in snap.last_xid:
             if uuid in labels:

@@ -13,6 +13,13 @@ utilization) with 25% headroom. Memory need is purpose-aware:
 The smallest MIG profile (``analyzer/data/mig_profiles.toml``, from NVIDIA's MIG user guide)
 that covers both is recommended, never smaller than the evidence supports, and the slices are
 packed first-fit onto whole GPUs to count the GPUs freed.
+
+GPUs already partitioned start from the layout that exists (:func:`repartition`): each instance
+keeps the profile its need calls for (its own when the need is unknown, never a smaller one
+than the evidence supports), idle instances are given back, and the GPU is re-partitioned as the
+used instances plus the largest free instances that fit (compute slices of 7, memory slices of
+8), so idle slices become one instance a larger job can use. When the used instances of several
+partitioned GPUs of a model fit on fewer GPUs, the move and the GPUs it frees are named.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from analyzer.classify import GpuVerdict
 from analyzer.load import GpuInfo
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, quantile, register
 from analyzer.recommendations.demand import busy
@@ -73,15 +81,18 @@ class ConsolidateStrategy:
         self.settings = settings or ConsolidateSettings()
 
     def run(self, inputs: Inputs) -> list[Recommendation] | NotEnoughData:
+        repartitions = self._repartitions(inputs)
         needs = [
             n
             for n in (
                 self._need(inputs, v.info)
                 for v in inputs.verdicts
-                if v.gpu_class in ("inference", "interactive")
+                if v.gpu_class in ("inference", "interactive") and v.info.parent_uuid is None
             )
             if n is not None
         ]
+        if not needs and repartitions:
+            return repartitions
         if not needs:
             return NotEnoughData(
                 self.kind,
@@ -95,11 +106,49 @@ class ConsolidateStrategy:
             rec = self._recommendation(model, group)
             if rec.detail("gpus_freed_count") or rec.detail("unknown_need"):
                 out.append(rec)
+        out += repartitions
         if not out:
             return NotEnoughData(
                 self.kind, "the lightly used GPUs cannot share a device (nothing would be freed)"
             )
         return out
+
+    def _repartitions(self, inputs: Inputs) -> list[Recommendation]:
+        """Re-partitioning advice for the MIG-partitioned GPUs, one per GPU model."""
+        parents: dict[tuple[str, str], list[GpuVerdict]] = {}
+        for v in inputs.verdicts:
+            if v.info.parent_uuid is not None:
+                parents.setdefault((v.info.node, v.info.parent_uuid), []).append(v)
+        by_model: dict[str, list[Slices]] = {}
+        for (node, parent), verdicts in sorted(parents.items()):
+            table = profiles_for(verdicts[0].info.model)
+            if not table:
+                continue
+            keep = [self._keep(inputs, v, table) for v in verdicts]
+            slices = Slices(node, verdicts[0].info.gpu_index, parent, verdicts, keep, table)
+            by_model.setdefault(_board(verdicts[0].info.model), []).append(slices)
+        return [
+            rec for model, group in sorted(by_model.items()) if (rec := repartition(model, group))
+        ]
+
+    def _keep(
+        self, inputs: Inputs, v: GpuVerdict, table: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """The profile an instance needs (``None``: idle, give it back); its own profile when
+        its need is unknown or larger than any smaller profile."""
+        current = next((p for p in table if p["name"] == v.info.mig_profile), None)
+        if v.gpu_class == "idle":
+            return None
+        need = self._need(inputs, v.info)
+        if need is None or need.profile is None or current is None:
+            return current
+        # The need's compute is of the instance: as a share of the GPU it is k/7 of that.
+        whole = need.busy_p95 * current["slices"] / 7 * (1 + self.settings.compute_headroom_ratio)
+        for p in table:
+            enough = need.memory_gb is not None and p["memory_gb"] >= need.memory_gb
+            if enough and whole <= p["slices"] / 7 and p["slices"] <= current["slices"]:
+                return p
+        return current
 
     def _need(self, inputs: Inputs, gpu: GpuInfo) -> Need | None:
         s = self.settings
@@ -196,6 +245,168 @@ class ConsolidateStrategy:
                 ("unknown_need", [f"{n.gpu.node}/{n.gpu.gpu_index}" for n in unknown]),
             ),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Slices:
+    """One partitioned GPU: its instances' verdicts and the profile each needs (``None``:
+    idle), against its model's MIG profile table."""
+
+    node: str
+    gpu: int
+    parent_uuid: str
+    verdicts: list[GpuVerdict]
+    keep: list[dict[str, Any] | None]
+    table: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return f"{self.node} GPU {self.gpu}"
+
+
+def _board(model: str | None) -> str:
+    """The physical GPU's model from a MIG instance's (``... MIG 3g.40gb``)."""
+    return re.sub(r"\s+MIG\s+\S+$", "", model or "?")
+
+
+def layout_text(names: list[str]) -> str:
+    """``4×1g.10gb+3g.40gb``: a layout as nvidia-smi users write it, largest profile last."""
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    order = sorted(counts, key=lambda n: (int(n.split("g.")[0]), n))
+    return "+".join(n if counts[n] == 1 else f"{counts[n]}×{n}" for n in order) or "(none)"
+
+
+def _memory_slices(p: dict[str, Any], table: list[dict[str, Any]]) -> int:
+    """A profile's memory slices of 8 (the full profile's memory is 8)."""
+    return max(1, round(float(p["memory_gb"]) / (float(table[-1]["memory_gb"]) / 8)))
+
+
+def fill(used: list[dict[str, Any]], table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The free instances to create beside ``used`` on one GPU: the largest profile that fits
+    the compute (7) and memory (8) slices left and its per-GPU count, repeatedly."""
+    compute = 7 - sum(p["slices"] for p in used)
+    memory = 8 - sum(_memory_slices(p, table) for p in used)
+    placed = list(used)
+    free: list[dict[str, Any]] = []
+    while True:
+        fits = [
+            p
+            for p in table
+            if p["slices"] <= compute
+            and _memory_slices(p, table) <= memory
+            and sum(1 for q in placed if q["name"] == p["name"]) < p["per_gpu"]
+        ]
+        if not fits:
+            return free
+        best = max(fits, key=lambda p: (p["slices"], p["memory_gb"]))
+        free.append(best)
+        placed.append(best)
+        compute -= best["slices"]
+        memory -= _memory_slices(best, table)
+
+
+def repartition(model: str, group: list[Slices]) -> Recommendation | None:
+    """One model's partitioned GPUs: re-partition those with idle instances, and move the used
+    instances onto fewer GPUs when they fit. ``None`` when every slice is used."""
+    lines: list[str] = []
+    layouts: dict[str, dict[str, Any]] = {}
+    for g in group:
+        current = [v.info.mig_profile or "?" for v in g.verdicts]
+        used = [p for p in g.keep if p is not None]
+        idle = [i for i, p in enumerate(g.keep) if p is None]
+        shrunk = [
+            f"{g.verdicts[i].info.mig_profile}->{p['name']}"
+            for i, p in enumerate(g.keep)
+            if p is not None and p["name"] != g.verdicts[i].info.mig_profile
+        ]
+        if not idle and not shrunk:
+            continue
+        proposed = [p["name"] for p in used + fill(used, g.table)]
+        layouts[g.name] = {
+            "parent_uuid": g.parent_uuid,
+            "current": layout_text(current),
+            "idle_instances": [f"{i}:{current[i]}" for i in idle],
+            "proposed": layout_text(proposed),
+        }
+        lines.append(_repartition_line(g, idle, current, proposed, shrunk))
+    moves, freed = _consolidate_parents(group)
+    if not lines and not freed:
+        return None
+    summary = "; ".join(lines[:3]) + ("; ..." if len(lines) > 3 else "")
+    if freed:
+        summary = (summary + ". " if summary else "") + moves[0].upper() + moves[1:]
+    evidence = tuple(
+        f"{v.info.node} GPU {v.info.gpu_index} / {v.info.mig_profile}: {v.gpu_class}"
+        + (" -> give back" if keep is None else f" -> {keep['name']}")
+        for g in group
+        for v, keep in zip(g.verdicts, g.keep, strict=True)
+    )
+    return Recommendation(
+        kind="consolidate",
+        summary=summary[0].upper() + summary[1:],
+        evidence=evidence,
+        confidence=0.7,
+        effect=(
+            ("gpus_freed", freed),
+            ("gpus_needed", 0),
+            (
+                "risk",
+                "re-partitioning a GPU stops every instance on it (nvidia-smi mig -dci/-dgi): "
+                "drain the GPU first",
+            ),
+        ),
+        details=(
+            ("model", model),
+            ("gpus_freed_count", freed),
+            ("mig_layouts", layouts),
+            ("mig_profiles", {k: v["proposed"] for k, v in layouts.items()}),
+        ),
+    )
+
+
+def _repartition_line(
+    g: Slices, idle: list[int], current: list[str], proposed: list[str], shrunk: list[str]
+) -> str:
+    """``slices 2, 3 of gpu-a100-0 GPU 1 idle: re-partition 4×1g.10gb+3g.40gb as ...``."""
+    if idle:
+        which = ", ".join(str(i) for i in idle)
+        head = f"slice{'s' if len(idle) > 1 else ''} {which} of {g.name} idle"
+    else:
+        head = f"{g.name} has over-sized slices"
+    tail = f" ({', '.join(shrunk)})" if shrunk else ""
+    return f"{head}: re-partition {layout_text(current)} as {layout_text(proposed)}{tail}"
+
+
+def _consolidate_parents(group: list[Slices]) -> tuple[str, int]:
+    """(sentence, GPUs freed) for moving every used instance of the model's partitioned GPUs
+    onto as few GPUs as fit them (first-fit decreasing over compute and memory slices)."""
+    if len(group) < 2:
+        return "", 0
+    table = group[0].table
+    used = sorted((p for g in group for p in g.keep if p is not None), key=lambda p: -p["slices"])
+    bins: list[list[int]] = []
+    for p in used:
+        m = _memory_slices(p, table)
+        for b in bins:
+            if b[0] >= p["slices"] and b[1] >= m:
+                b[0] -= p["slices"]
+                b[1] -= m
+                break
+        else:
+            bins.append([7 - p["slices"], 8 - m])
+    freed = len(group) - len(bins)
+    if freed <= 0:
+        return "", 0
+    busiest = sorted(group, key=lambda g: -sum(1 for p in g.keep if p is not None))
+    targets = ", ".join(g.name for g in busiest[: len(bins)]) or "one GPU"
+    sources = ", ".join(g.name for g in busiest[len(bins) :])
+    return (
+        f"the used slices of {len(group)} partitioned GPUs fit on {len(bins)} ({targets}): "
+        f"move them there to free {sources}",
+        freed,
+    )
 
 
 def _pack(needs: list[Need]) -> int:
