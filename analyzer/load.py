@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,6 +107,7 @@ class GpuInfo:
     #: ``gpu_index`` is the parent's (see :mod:`analyzer.mig`).
     parent_uuid: str | None = None
     mig_profile: str | None = None
+    gpu_instance_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +192,30 @@ def expand(patterns: list[str]) -> list[Path]:
     return paths
 
 
+def inputs(patterns: list[str]) -> list[sf.Input]:
+    """What ``--store`` values name: node stores (as :func:`expand`), fleet locations of
+    published segments (``s3://…``, ``gs://…``, ``az://…``), and directories holding segments
+    (``table=…`` folders), with the node stores under them too."""
+    out: list[sf.Input] = []
+    for pattern in patterns:
+        if sf.is_location_url(pattern):
+            out.append(sf.parse_location(pattern))
+            continue
+        if sf.is_segment_root(Path(pattern)):
+            out.append(sf.parse_location(pattern))
+            out.extend(p for p in _stores_beside_segments(pattern) if p not in out)
+            continue
+        out.extend(p for p in expand([pattern]) if p not in out)
+    return out
+
+
+def _stores_beside_segments(directory: str) -> list[Path]:
+    try:
+        return expand([directory])
+    except InputError:
+        return []  # segments only
+
+
 def _union(aliases: list[str], table: str) -> str:
     return " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
 
@@ -203,17 +229,15 @@ def bucket_for(window_seconds: float, interval_seconds: float | None) -> int:
 
 
 def load(
-    paths: list[Path],
+    paths: Sequence[sf.Input],
     since_seconds: float,
     timeout: float = 10.0,
     bucket_seconds: int | None = None,
 ) -> FleetData:
     """Aggregate the window ``(newest sample - since, newest sample]`` of every store."""
     con = duckdb.connect(":memory:", config={"threads": 2})
-    aliases = [f"s{i}" for i in range(len(paths))]
     try:
-        for alias, path in zip(aliases, paths, strict=True):
-            sf.attach_read_only(con, alias, path, timeout)
+        aliases = sf.attach_inputs(con, list(paths), timeout, since_seconds)
         con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
         row = con.execute("SELECT min(ts), max(ts) FROM g").fetchone()
         if row is None or row[1] is None:
@@ -225,8 +249,7 @@ def load(
         interval = _interval(con, start, end)
         bucket = bucket_seconds or bucket_for(end - start, interval)
         _materialize(con, aliases, start, end, bucket)
-        for alias in aliases:
-            con.execute(f"DETACH {alias}")
+        sf.detach_inputs(con, aliases)
         return _fetch(con, start, end, bucket, interval)
     finally:
         con.close()
@@ -281,8 +304,11 @@ def _mig_columns(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> str:
         [sf.DEVICES, "parent_uuid"],
     ).fetchone()
     if found is not None and found[0]:
-        return "any_value(parent_uuid) AS parent, any_value(mig_profile) AS profile"
-    return "NULL::VARCHAR AS parent, NULL::VARCHAR AS profile"
+        return (
+            "any_value(parent_uuid) AS parent, any_value(mig_profile) AS profile, "
+            "any_value(gpu_instance_id) AS gi"
+        )
+    return "NULL::VARCHAR AS parent, NULL::VARCHAR AS profile, NULL::BIGINT AS gi"
 
 
 def _materialize_host(
@@ -340,8 +366,9 @@ def _pods(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> str:
         a
         for a in aliases
         if con.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND table_name = ?",
-            [a, sf.PODS],
+            "SELECT count(*) FROM information_schema.tables "
+            "WHERE (table_catalog = $a OR table_schema = $a) AND table_name = $t",
+            {"a": a, "t": sf.PODS},
         ).fetchone()
         == (1,)
     ]
@@ -372,7 +399,7 @@ def _fetch(
             GpuInfo(node, uuid, -1 if index is None else int(index), name, total, limit, *mig)
             for node, uuid, index, name, total, limit, *mig in con.execute(
                 "SELECT b.node, b.uuid, coalesce(d.gpu_index, b.idx), d.name, d.total, "
-                "d.power_limit, d.parent, d.profile FROM (SELECT node, uuid, min(idx) AS idx "
+                "d.power_limit, d.parent, d.profile, d.gi FROM (SELECT node, uuid, min(idx) AS idx "
                 "FROM buckets GROUP BY ALL) b LEFT JOIN devices d USING (node, uuid) "
                 "ORDER BY b.node, coalesce(d.gpu_index, b.idx), b.uuid"
             ).fetchall()

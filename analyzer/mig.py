@@ -135,8 +135,15 @@ def _holds(gpu: GpuInfo, buckets: list[Bucket], i: int | None) -> bool:
     return memory > (HELD_RATIO * total if total else float(1 << 30))
 
 
-def mig_json(gpu: GpuInfo) -> dict[str, dict[str, str | None]]:
-    """The contract's ``"mig"`` object of a ``gpus[]`` entry (nothing for a whole GPU)."""
+def mig_json(gpu: GpuInfo) -> dict[str, dict[str, str | int | None]]:
+    """The contract's ``"mig"`` object of a ``gpus[]`` entry (nothing for a whole GPU), with
+    the GPU-instance id that tells two instances of one profile apart."""
     if gpu.parent_uuid is None:
         return {}
-    return {"mig": {"parent_uuid": gpu.parent_uuid, "profile": gpu.mig_profile}}
+    return {
+        "mig": {
+            "parent_uuid": gpu.parent_uuid,
+            "profile": gpu.mig_profile,
+            "gpu_instance_id": gpu.gpu_instance_id,
+        }
+    }

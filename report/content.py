@@ -198,6 +198,23 @@ def span(lo: float, hi: float) -> str:
     return f"{lo:g}" if lo == hi else f"{lo:g} to {hi:g}"
 
 
+def gpu_label(entry: dict[str, Any], doc: dict[str, Any] | None = None) -> str:
+    """``node/gpu`` of a GPU or a finding; a MIG instance is ``node/1 / 3g.40gb`` (its parent's
+    index and its profile, and the GPU-instance id when known). A finding is looked up in the
+    document's ``gpus[]`` by uuid."""
+    mig = entry.get("mig")
+    if mig is None and doc is not None:
+        mig = next(
+            (g.get("mig") for g in doc.get("gpus", []) if g.get("uuid") == entry.get("uuid")),
+            None,
+        )
+    name = f"{entry['node']}/{entry['gpu']}"
+    if not mig:
+        return name
+    gi = mig.get("gpu_instance_id")
+    return f"{name} / {mig.get('profile') or 'MIG'}" + (f" (GI {gi})" if gi is not None else "")
+
+
 def gpu_why(g: dict[str, Any]) -> str:
     """Why a GPU has its class: its share of the window, then the class's own first piece of
     evidence (the verdict's list starts "<class> for N% of the window"; an "idle for N%" line,

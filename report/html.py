@@ -7,13 +7,14 @@ import html
 from importlib.metadata import version
 from typing import Any
 
-from report import TOP_N, svg
+from report import TOP_N, outlook, svg
 from report.content import (
     CLASS_ORDER,
     coverage_lines,
     finding_rows,
     finding_summary,
     fleet_size,
+    gpu_label,
     gpu_why,
     has_data,
     headline,
@@ -73,6 +74,7 @@ def render(doc: dict[str, Any]) -> str:
         _real(doc),
         _findings(doc),
         _recommendations(doc),
+        outlook.html_section(doc["plan"]) if outlook.has_outlook(doc.get("plan")) else "",
         _owners(doc),
         _detail(doc),
         _coverage(doc),
@@ -92,6 +94,7 @@ def _header(doc: dict[str, Any]) -> str:
         ("utilization", "Utilization"),
         ("findings", "Findings"),
         ("recommendations", "Recommendations"),
+        *([("outlook", "Outlook")] if outlook.has_outlook(doc.get("plan")) else []),
         *([("owners", "Owners")] if doc.get("owners") else []),
         ("detail", "Detail"),
         ("coverage", "Coverage"),
@@ -221,12 +224,12 @@ def _findings(doc: dict[str, Any]) -> str:
                     for k, v in f.get("series", {}).items()
                     if k in ("utilization", "power", "memory")
                 },
-                f"Evidence for {f['node']}/{f['gpu']}",
+                f"Evidence for {gpu_label(f, doc)}",
                 "Utilization (solid), power against the limit (dashed) and memory (dash-dot) "
                 f"over the finding: {f['evidence'][0]}",
             )
             body.append(
-                f"<tr><td>{_e(f['node'])}/{_e(f['gpu'])}</td>"
+                f"<tr><td>{_e(gpu_label(f, doc))}</td>"
                 f'<td class="num">{f["gpu_hours_lost"]:,.1f}</td>'
                 f'<td>{_e(finding_summary(f))}<div class="ev">{_e(f["evidence"][-1])}</div></td>'
                 f"<td>{spark}</td></tr>"
@@ -338,7 +341,7 @@ def _detail(doc: dict[str, Any]) -> str:
         seen.add(g["node"])
         why = gpu_why(g)
         gpu_rows.append(
-            f"<tr{anchor}><td>{_e(g['node'])}/{_e(g['gpu'])}</td><td>{_e(g['model'] or '')}</td>"
+            f"<tr{anchor}><td>{_e(gpu_label(g))}</td><td>{_e(g['model'] or '')}</td>"
             f'<td>{_e(g["class"])}</td><td class="num">{g["confidence"]:.2f}</td>'
             f"<td>{_e(why)}</td></tr>"
         )

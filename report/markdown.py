@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from report import TOP_N
+from report import TOP_N, outlook
 from report.content import (
     CLASS_ORDER,
     coverage_lines,
     finding_rows,
     finding_summary,
+    gpu_label,
     gpu_why,
     headline,
     owner_notes,
@@ -67,6 +68,7 @@ def render(doc: dict[str, Any]) -> str:
         lines += [f"- **{r['kind']}**: {rec_text(r, r['summary'])}"]
         lines += [f"  - {x}" for x in recommendation_fields(r)]
     lines += [f"- **{n['kind']}**: not enough data ({n['reason']})" for n in doc["not_enough_data"]]
+    lines += outlook.markdown(doc["plan"]) if outlook.has_outlook(doc.get("plan")) else []
     lines += _owners(doc)
     lines += ["", "## Per node", ""]
     nodes = s["nodes_detail"]
@@ -90,7 +92,7 @@ def render(doc: dict[str, Any]) -> str:
         ["node/gpu", "model", "class", "confidence", "starved GPU-h", "why"],
         [
             [
-                f"{g['node']}/{g['gpu']}",
+                gpu_label(g),
                 g["model"] or "",
                 g["class"],
                 f"{g['confidence']:.2f}",
@@ -131,7 +133,7 @@ def _findings(doc: dict[str, Any]) -> list[str]:
             ["node/gpu", "GPU-h", "what", "from", "to"],
             [
                 [
-                    f"{f['node']}/{f['gpu']}",
+                    gpu_label(f, doc),
                     f"{f['gpu_hours_lost']:.1f}",
                     finding_summary(f),
                     f["start"],

@@ -11,6 +11,7 @@ from report import TOP_N
 from report.content import (
     coverage_lines,
     finding_summary,
+    gpu_label,
     has_data,
     headline,
     owner_notes,
@@ -31,8 +32,21 @@ def render(doc: dict[str, Any], file: IO[str] | None = None, width: int | None =
     _headline(console, doc)
     _findings(console, doc)
     _recommendations(console, doc)
+    _outlook(console, doc)
     _owners(console, doc)
     _nodes(console, doc)
+
+
+def _outlook(console: Console, doc: dict[str, Any]) -> None:
+    """The capacity outlook, when the CLI attached a plan with a forecast."""
+    from report.outlook import has_outlook, text_lines  # noqa: PLC0415
+
+    if not has_outlook(doc.get("plan")):
+        return
+    console.rule("[bold]Capacity outlook[/bold]")
+    for line in text_lines(doc["plan"]):
+        console.print(line, markup=False)
+    console.print()
 
 
 def _headline(console: Console, doc: dict[str, Any]) -> None:
@@ -70,7 +84,7 @@ def _findings(console: Console, doc: dict[str, Any]) -> None:
         style = {"starved": "yellow", "noisy_neighbor": "magenta", "idle_held": "cyan"}[f["kind"]]
         findings.add_row(
             f"[{style}]{f['kind']}[/{style}]",
-            f"{f['node']}/{f['gpu']}",
+            gpu_label(f, doc),
             f"{f['gpu_hours_lost']:,.1f}",
             finding_summary(f),
         )
