@@ -27,12 +27,13 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
+from agent.redact import redact_cmdline
 from agent.schema import (
     ALL_RECORDS,
     KEYED_RECORDS,
@@ -40,6 +41,7 @@ from agent.schema import (
     ROLLUP_KEYS,
     SAMPLE_RECORDS,
     SCHEMA_VERSION,
+    Process,
     PublishWatermark,
     as_row,
     column_types,
@@ -49,17 +51,22 @@ from agent.schema import (
 )
 from agent.storefile import (
     CONFIG,
+    EARLIEST_TS,
     NotAStore,
+    NotWritable,
     SchemaMismatch,
     StoreError,
     StoreLocked,
     check_schema,
     connect_read_only,
+    latest_plausible_ts,
+    refuse_foreign,
     wrap,
 )
 
 __all__ = [
     "NotAStore",
+    "NotWritable",
     "SchemaMismatch",
     "Store",
     "StoreError",
@@ -172,6 +179,16 @@ class StoreStats:
     last_flush_ok: bool | None
 
 
+def _redacted(process: Process) -> Process:
+    """Every process record passes here on its way into the store (agent, imports, scrapes),
+    so a command line or a name from any source is redacted once more (idempotent, cached)."""
+    cmdline = None if process.cmdline is None else redact_cmdline(process.cmdline)
+    comm = None if process.comm is None else redact_cmdline(process.comm)
+    if cmdline == process.cmdline and comm == process.comm:
+        return process
+    return replace(process, cmdline=cmdline, comm=comm)
+
+
 class _Buffer:
     """Bounded per-table queues of rows with sequence numbers, plus latest-wins keyed rows."""
 
@@ -189,6 +206,8 @@ class _Buffer:
     def add(self, record: Any) -> None:
         table = type(record).TABLE
         if table in self.keyed:
+            if isinstance(record, Process):
+                record = _redacted(record)
             key = tuple(getattr(record, k) for k in type(record).KEY)
             self.keyed[table][key] = as_row(record)
             return
@@ -226,6 +245,7 @@ class Store:
         self._in_transaction = False
         self.last_merge_written = 0
         self.last_merge_skipped = 0
+        self.last_merge_implausible = 0
         self._writes = 0
         #: Writes between WAL checkpoints (each write is a flush, a rollup or a prune).
         self.checkpoint_every = 6
@@ -280,7 +300,11 @@ class Store:
     @contextmanager
     def _writer(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """The store file, attached read-write for one unit of work; schema made on first use."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            message = f"{self.path}: cannot create its directory ({exc.strerror})"
+            raise NotWritable(message) from None
         con = self._session()
         try:
             con.execute(f"ATTACH ? AS {_ALIAS}", [str(self.path)])
@@ -289,6 +313,7 @@ class Store:
         try:
             con.execute(f"USE {_ALIAS}")
             if not self._initialized:
+                refuse_foreign(con, self.path)  # never add our tables to someone else's database
                 initialize(con, self.path, self.extra_records)
                 self._initialized = True
             yield con
@@ -313,6 +338,13 @@ class Store:
             # Never keep the file locked: drop the whole instance instead.
             con.close()
             self._con = None
+
+    def check_writable(self) -> None:
+        """Open the store for writing once, creating it if needed: raises :class:`NotAStore` (not
+        DuckDB, another program's database, a newer schema) or :class:`StoreError` (read-only,
+        no permission) now, so that an agent refuses to start instead of losing every row."""
+        with self._write_lock, self._writer():
+            pass
 
     def close(self) -> None:
         """Checkpoint the WAL into the file and release the writer's DuckDB instance."""
@@ -421,8 +453,10 @@ class Store:
     def staging(self, record: type[Any]) -> Iterator[Stage]:
         """Stage rows of ``record`` in memory, then merge them into the store in one transaction,
         skipping rows already stored (same node, GPU, timestamp and source; for process samples
-        also the pid; for events, which have no source, the kind instead).
-        ``last_merge_written`` and ``last_merge_skipped`` tell what happened.
+        also the pid; for events, which have no source, the kind instead), and rows dated in
+        the future or before 2000 (a clock that was wrong or never set).
+        ``last_merge_written``, ``last_merge_skipped`` and ``last_merge_implausible`` tell what
+        happened.
 
         Used by imports: a file imported twice adds nothing the second time.
         """
@@ -434,6 +468,11 @@ class Store:
             cols = columns(record)
             key = ["node", "uuid", "ts"] + [k for k in ("source", "pid", "kind") if k in cols]
             on = " AND ".join(f"t.{k} = s.{k}" for k in key)
+            implausible = con.execute(
+                "DELETE FROM temp.import_stage WHERE ts IS NULL OR isnan(ts) OR ts < ? OR ts > ?",
+                [EARLIEST_TS, latest_plausible_ts()],
+            ).fetchone()
+            self.last_merge_implausible = int(implausible[0]) if implausible else 0
             with self._write_lock, self._writer() as db:
                 db.execute("BEGIN TRANSACTION")
                 self._in_transaction = True
