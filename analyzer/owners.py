@@ -34,6 +34,7 @@ from analyzer.classify import CLASSES, GpuVerdict
 from analyzer.context import CARRY_SECONDS, Context, Finding, GpuView, context
 from analyzer.idle_held import NO_PROCESS
 from analyzer.load import Bucket, FleetData, Tenant, TenantBucket
+from analyzer.mig import COMPUTE_SLICES, slices
 from analyzer.prices import Accounting
 from analyzer.thresholds import Thresholds
 
@@ -63,6 +64,7 @@ class _Owner:
     gpus: set[str] = field(default_factory=set)
     workloads: dict[str, float] = field(default_factory=dict)
     members: set[str] = field(default_factory=set)
+    unpartitioned_cost: float = 0.0  # MIG slices no instance holds (idle capacity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ def account(
     ledger = _Ledger(ctx, accounting or Accounting())
     for view in ctx.views.values():
         ledger.add_gpu(view)
+    ledger.add_unpartitioned()
     per_finding = tuple(ledger.add_finding(f) for f in findings)
     return Books(ledger.owners_json(), ledger.bill_json(), per_finding)
 
@@ -192,8 +195,38 @@ class _Ledger:
     # -- prices -----------------------------------------------------------------------------
 
     def _price(self, view: GpuView) -> float | None:
+        """The price of an hour of this GPU: its model's, or for a MIG instance its compute
+        slices' share of it (a 3g.40gb instance-hour is 3/7 of the GPU-hour)."""
         prices = self.acc.prices
-        return None if prices is None else prices.per_gpu_hour(view.info.model)
+        if prices is None:
+            return None
+        return prices.per_gpu_hour(view.info.model) * _slice_share(view)
+
+    def add_unpartitioned(self) -> None:
+        """Compute slices of a MIG-partitioned GPU that no instance holds are idle capacity:
+        their share of the GPU's price goes to ``(unowned)`` for every interval its instances
+        were seen, so the bill is still the physical GPUs' (they add no GPU-hours: the
+        analysis counts instances)."""
+        families: dict[str, list[GpuView]] = {}
+        for view in self.ctx.views.values():
+            if view.info.parent_uuid is not None:
+                families.setdefault(view.info.parent_uuid, []).append(view)
+        for views in families.values():
+            used = sum(slices(v.info.mig_profile) or 0 for v in views)
+            free = COMPUTE_SLICES - used
+            if free <= 0 or self.acc.prices is None:
+                continue
+            starts = {b.start for v in views for b in v.buckets}
+            cost = (
+                len(starts)
+                * self.ctx.bucket_hours
+                * self.acc.prices.per_gpu_hour(views[0].info.model)
+            )
+            cost *= free / COMPUTE_SLICES
+            owner = self._owner(UNOWNED, "unowned")
+            owner.cost += cost
+            owner.unpartitioned_cost += cost
+            self.gpu_cost += cost
 
     def _kwh_price(self) -> float | None:
         return None if self.acc.prices is None else self.acc.prices.kwh
@@ -205,7 +238,7 @@ class _Ledger:
             {
                 "model": model,
                 "gpus": 0,
-                "gpu_hour": price,
+                "gpu_hour": None if price is None else round(price, 4),
                 "matched": None if self.acc.prices is None else self.acc.prices.matched(model),
             },
         )
@@ -323,6 +356,13 @@ def _carried(view: GpuView, t: float) -> float | None:
     return times[i - 1]
 
 
+def _slice_share(view: GpuView) -> float:
+    """A whole GPU is 1; a MIG instance is its compute slices over the GPU's seven."""
+    if view.info.parent_uuid is None:
+        return 1.0
+    return (slices(view.info.mig_profile) or COMPUTE_SLICES) / COMPUTE_SLICES
+
+
 def _member(attrs: Mapping[str, str | None]) -> str | None:
     for kind in ("namespace", "account", "user"):
         if attrs[kind]:
@@ -355,6 +395,10 @@ def _evidence(o: _Owner, total: float) -> list[str]:
     out = []
     if o.name == UNOWNED:
         out.append(f"{total:.1f} GPU-hours on GPUs no workload held (idle capacity)")
+        if o.unpartitioned_cost > 0:
+            out.append(
+                f"{o.unpartitioned_cost:,.2f} of its cost is MIG compute slices no instance holds"
+            )
     elif o.name == UNATTRIBUTED:
         out.append(
             f"{total:.1f} GPU-hours of memory held or compute with no process attributed "

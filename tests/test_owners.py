@@ -457,3 +457,21 @@ def test_a_namespace_is_only_for_workloads_in_pods(tmp_path: Path) -> None:
     scenario.write_text(bad_user)
     with pytest.raises(ScenarioError, match=r"workloads\[4\]\.user: expected a lower-case name"):
         load_scenario(str(scenario))
+
+
+def test_mig_instances_cost_their_slices_and_the_bill_is_the_physical_gpus(
+    tmp_path: Path,
+) -> None:
+    """The built-in 'mig' scenario: 2 A100 and 2 H100, partitioned, one A100 with a slice no
+    instance holds. An instance-hour costs its compute slices' share of its GPU's hour."""
+    store = tmp_path / "mig.duckdb"
+    simulate(load_scenario("mig"), store, days=0.25)
+    doc = _analyze(store, {"prices": {"models": {"A100": 2.0, "H100": 4.0}}})
+    ((seconds,),) = query(store, "SELECT max(ts) - min(ts) FROM gpu_samples")
+    hours = float(seconds) / 3600.0
+    ((physical,),) = query(store, "SELECT count(*) FROM devices WHERE parent_uuid IS NULL")
+    assert physical == 4
+    assert doc["bill"]["gpu_cost"] == pytest.approx(hours * (2 * 2.0 + 2 * 4.0), rel=0.02)
+    assert sum(o["cost"] for o in doc["owners"]) == pytest.approx(doc["bill"]["cost"], abs=0.05)
+    unowned = _by_owner(doc)[UNOWNED]
+    assert any("MIG compute slices no instance holds" in e for e in unowned["evidence"])
