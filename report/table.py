@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from report.content import finding_summary, gpu_why, rec_text
+from report.content import finding_summary, gpu_why, money, priced, rec_text
 
 
 def render_text(doc: dict[str, Any]) -> str:
@@ -24,7 +24,30 @@ def render_text(doc: dict[str, Any]) -> str:
     lines += ["", f"recommendations: {len(doc['recommendations'])}"]
     lines += [f"- [{r['kind']}] {rec_text(r, r['summary'])}" for r in doc["recommendations"]]
     lines += [f"- [{n['kind']}] not enough data: {n['reason']}" for n in doc["not_enough_data"]]
+    lines += _owners_text(doc)
     return "\n".join(lines)
+
+
+def _owners_text(doc: dict[str, Any]) -> list[str]:
+    """One line per owner: GPU-hours, idle, idle-held and starved, and cost when priced."""
+    owners = doc.get("owners") or []
+    if not owners:
+        return []
+    bill = doc["bill"]
+    total = f"{bill['gpu_hours']:.1f} GPU-h" + (
+        f", {money(bill['cost'], doc)}" if priced(doc) else ""
+    )
+    header = f"{'owner':<24} {'kind':<12} {'GPU-h':>8} {'idle':>7} {'held':>7} {'starved':>7}"
+    lines = ["", f"owners: {len(owners)} ({total})", header + ("     cost" if priced(doc) else "")]
+    lines.append("-" * len(lines[-1]))
+    for o in owners:
+        cost = f" {money(o['cost'], doc):>8}" if priced(doc) else ""
+        lines.append(
+            f"{o['owner']:<24} {o['kind']:<12} {o['gpu_hours_total']:>8.1f} "
+            f"{o['idle_gpu_hours']:>7.1f} {o['idle_held_gpu_hours']:>7.1f} "
+            f"{o['starved_gpu_hours']:>7.1f}{cost}"
+        )
+    return lines
 
 
 def _findings_text(findings: list[dict[str, Any]]) -> list[str]:

@@ -20,6 +20,7 @@ from analyzer.prices import from_file, from_mapping
 from report.content import money
 from report.html import render as render_html
 from report.markdown import render as render_md
+from report.table import render_text as render_table
 from report.text import render as render_text
 from sim.engine import simulate
 from sim.scenario import ScenarioError
@@ -418,6 +419,9 @@ def test_the_report_shows_owners_and_money(owned_store: Path) -> None:
     buffer = io.StringIO()
     render_text(doc, file=buffer, width=160)
     assert "Owners" in buffer.getvalue() and "serving" in buffer.getvalue()
+    table = render_table(doc)
+    assert f"owners: {len(doc['owners'])} ({doc['bill']['gpu_hours']:.1f} GPU-h, €" in table
+    assert any(line.startswith("serving ") and "team" in line for line in table.splitlines())
     # unpriced: GPU-hours, no money anywhere
     plain = render_md(_analyze(owned_store, {}))
     assert "## Owners" in plain and "Cost " not in plain and "€" not in plain
