@@ -253,6 +253,27 @@ def _infos(location: Location, relpath: str, recursive: bool) -> list[Any]:
     return list(_filesystem(location).get_file_info(selector))
 
 
+def fetch(location: Location, relpaths: list[str], folder: Path, threads: int = 8) -> None:
+    """Copy ``relpaths`` of the location into ``folder`` (same relative paths), in parallel.
+    Raises :class:`LocationError`."""
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    def one(relpath: str) -> None:
+        target = folder / relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if location.is_local:
+            target.write_bytes((Path(location.root) / relpath).read_bytes())
+            return
+        with _filesystem(location).open_input_stream(f"{location.root}/{relpath}") as src:
+            target.write_bytes(src.read())
+
+    try:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(one, relpaths))
+    except OSError as exc:
+        raise LocationError(f"{location}: cannot read segments ({_one_line(exc)})") from None
+
+
 _ARROW_TYPES = {"DOUBLE": "float64", "BIGINT": "int64", "VARCHAR": "string", "BOOLEAN": "bool_"}
 
 

@@ -9,14 +9,17 @@ come from the schema's records, never from user input.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import duckdb
 
+from agent import location as loc
+from agent import schema as _schema
 from agent.errors import AiscopeError, BadInput
 from agent.schema import (
     ALL_RECORDS,
@@ -34,6 +37,9 @@ from agent.schema import (
     ProcessSample,
     columns,
 )
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: DuckDB settings for every connection: one thread, and never an extension fetched at run time
 #: (GPU clusters are often air-gapped).
@@ -55,6 +61,32 @@ PROCESSES = Process.TABLE
 PODS = Pod.TABLE
 #: The time column of each table ``store info`` summarizes.
 TS_COLUMNS = {r.TABLE: "ts" for r in SAMPLE_RECORDS}
+#: The tables every reader relies on: a store without one of them is damaged, not empty.
+REQUIRED_TABLES = (
+    "meta",
+    GPU_SAMPLES,
+    PROCESS_SAMPLES,
+    HOST_SAMPLES,
+    NET_SAMPLES,
+    CGROUP_SAMPLES,
+    AGENT_EVENTS,
+    DEVICES,
+    PROCESSES,
+    PODS,
+    *(f"{t}_1m" for t in ROLLUP_COLUMNS),
+)
+
+#: Samples dated more than this after the reader's clock are not believed: imports reject them
+#: and the analysis ignores them (one row dated 9999 would otherwise end the window on itself).
+#: A day covers any time zone a capture was mistakenly read in, and any clock skew.
+FUTURE_TOLERANCE_SECONDS = 86400.0
+#: Samples dated before this (2000-01-01 UTC) come from a clock that was never set.
+EARLIEST_TS = 946684800.0
+
+
+def latest_plausible_ts(now: float | None = None) -> float:
+    """The newest timestamp a sample may carry at ``now`` (default: this machine's clock)."""
+    return (time.time() if now is None else now) + FUTURE_TOLERANCE_SECONDS
 
 
 def rollup(table: str) -> str:
@@ -87,6 +119,13 @@ class NotAStore(StoreError, BadInput):
     exit_code = 2
 
 
+class NotWritable(StoreError, BadInput):
+    """The store's file or folder cannot be written (read-only, no permission): exit 2, the
+    path given is the problem."""
+
+    exit_code = 2
+
+
 class SchemaMismatch(NotAStore):
     """The store was written by a newer (or unknown) schema version."""
 
@@ -98,9 +137,112 @@ def wrap(path: Path, exc: duckdb.Error) -> StoreError:
         holder = re.search(r"\(PID (\d+)\)", message)
         who = f"process {holder.group(1)}" if holder else "another process"
         return StoreLocked(f"{path}: the store is held by {who}; retry when it is released")
+    if re.search(r"read-only file system|permission denied", message, re.IGNORECASE):
+        return NotWritable(f"{path}: cannot write the store ({message}); give a writable --store")
     if isinstance(exc, duckdb.IOException | duckdb.SerializationException):
         return NotAStore(f"{path}: not a readable aiscope store ({message})")
     return StoreError(f"{path}: {message}")
+
+
+def stores_under(path: Path) -> list[Path]:
+    """For readers: a directory means every store (``*.duckdb``) under it, at any depth; any
+    other path means itself. A directory without a store is :class:`NotAStore`."""
+    if not path.is_dir():
+        return [path]
+    found = sorted(p for p in path.rglob("*.duckdb") if p.is_file())
+    if not found:
+        raise NotAStore(f"{path}: no store (*.duckdb) under this directory")
+    return found
+
+
+def refuse_foreign(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Refuse a DuckDB database that holds tables but is not an aiscope store: the writer must
+    never add its tables to somebody else's database. An empty database is fine."""
+    tables = _table_names(con)
+    if tables and "meta" not in tables:
+        shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
+        raise NotAStore(
+            f"{path}: a DuckDB database that is not an aiscope store (it holds {shown}); "
+            "give --store a new file or an existing aiscope store"
+        )
+
+
+def _table_names(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The tables of the connection's current database."""
+    rows = con.execute(
+        "SELECT table_name FROM information_schema.tables "
+        "WHERE table_catalog = current_database() AND table_schema = 'main'"
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def check_tables(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Refuse a store (the current database) that lacks a table readers rely on."""
+    try:
+        missing = [t for t in REQUIRED_TABLES if t not in _table_names(con)]
+    except duckdb.Error as exc:
+        raise damaged(path, exc) from None
+    if missing:
+        raise NotAStore(
+            f"{path}: damaged store: table {', '.join(missing)} is missing; restore the file "
+            "from a backup or move it aside (the agent starts a new one)"
+        )
+
+
+def damaged(path: Path, exc: duckdb.Error) -> NotAStore:
+    """A read that failed inside a store that opened: a corrupt block or a broken table."""
+    message = str(exc).splitlines()[0]
+    return NotAStore(
+        f"{path}: damaged store ({message}); restore the file from a backup or move it aside"
+    )
+
+
+def verify(con: duckdb.DuckDBPyConnection, path: Path) -> int:
+    """Read every value of every table of the store (the current database), so that a corrupt
+    block fails here rather than halfway through an analysis; return the rows read.
+
+    DuckDB checks each block's checksum when it reads it; hashing every column makes it read
+    them all (a count alone can be answered from metadata)."""
+    check_tables(con, path)
+    rows = 0
+    for table in sorted(_table_names(con)):
+        try:
+            row = con.execute(
+                f'SELECT count(*), bit_xor(hash(COLUMNS(*))) FROM "{table}"'
+            ).fetchone()
+        except duckdb.Error as exc:
+            raise damaged(path, exc) from None
+        rows += int(row[0]) if row else 0
+    return rows
+
+
+def reads_stores(fn: Callable[P, R]) -> Callable[P, R]:
+    """For a reader whose first argument is its list of store paths: a DuckDB error while
+    reading becomes one line naming the damaged store (each store is verified to find it)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except duckdb.Error as exc:
+            given = args[0] if args else []
+            paths = [p for p in given if isinstance(p, Path)]  # type: ignore[attr-defined]
+            for path in paths:
+                if path.is_file():
+                    _verify_file(path)
+            where = ", ".join(str(p) for p in paths) or "the store"
+            raise StoreError(f"{where}: reading failed ({str(exc).splitlines()[0]})") from None
+
+    return wrapper
+
+
+def _verify_file(path: Path) -> None:
+    """Raise :class:`NotAStore` when the file at ``path`` fails :func:`verify`."""
+    con = connect_read_only(path, timeout_seconds=10.0)
+    try:
+        verify(con, path)
+    finally:
+        con.close()
 
 
 def check_schema(con: duckdb.DuckDBPyConnection, path: Path) -> None:
@@ -169,6 +311,7 @@ def connect_read_only(
     con: duckdb.DuckDBPyConnection = _retry(attempt, path, timeout_seconds, sleep, clock)
     try:
         check_schema(con, path)
+        check_tables(con, path)
     except StoreError:
         con.close()
         raise
@@ -202,6 +345,7 @@ def attach_read_only(
     con.execute(f"USE {alias}")
     try:
         check_schema(con, path)
+        check_tables(con, path)
     except StoreError:
         con.execute("USE memory")
         con.execute(f"DETACH {alias}")
@@ -210,9 +354,18 @@ def attach_read_only(
 
 
 def table_summary(
-    con: duckdb.DuckDBPyConnection,
+    con: duckdb.DuckDBPyConnection, path: Path = Path("store")
 ) -> list[tuple[str, int, float | None, float | None]]:
     """(table, rows, first ts, last ts) for every table of the store, for ``store info``."""
+    try:
+        return _table_summary(con)
+    except duckdb.Error as exc:
+        raise damaged(path, exc) from None
+
+
+def _table_summary(
+    con: duckdb.DuckDBPyConnection,
+) -> list[tuple[str, int, float | None, float | None]]:
     out: list[tuple[str, int, float | None, float | None]] = []
     for record in ALL_RECORDS:
         table = record.TABLE
@@ -227,3 +380,303 @@ def table_summary(
         if row:
             out.append((rollup(table), int(row[0]), row[1], row[2]))
     return out
+
+
+# -- reading a fleet: node stores and published segments as the same views -----------------------
+
+#: What ``--store`` can name for reading: a node store file, or a fleet location of segments.
+Input = Path | loc.Location
+#: The alias of the fleet-wide views (keyed tables deduplicated, rollups where raw is gone).
+FLEET_ALIAS = "fleet"
+_SHAPE = "_shape"
+_SEGMENT_NAME = re.compile(r"_(\d{8}T\d{6}(?:\.\d{3})?Z)_(\d{8}T\d{6}(?:\.\d{3})?Z)\.parquet$")
+_KEYED = {r.TABLE: r for r in _schema.KEYED_RECORDS}
+_RAW = tuple(r.TABLE for r in SAMPLE_RECORDS)
+_ROLLUPS = tuple(f"{t}_1m" for t in ROLLUP_COLUMNS)
+_SCRATCH: dict[int, list[Path]] = {}
+
+
+def is_segment_root(path: Path) -> bool:
+    """Whether a directory is a fleet location: it holds ``table=…`` folders of segments."""
+    return path.is_dir() and any(path.glob("table=*"))
+
+
+def attach_inputs(
+    con: duckdb.DuckDBPyConnection,
+    inputs: list[Input],
+    timeout_seconds: float = 10.0,
+    since_seconds: float | None = None,
+) -> list[str]:
+    """Present every input under its own alias (``s0``, ``s1``, …) with one view per table of
+    the current schema, plus :data:`FLEET_ALIAS`; return the aliases for ``UNION ALL BY NAME``.
+
+    * A node store is attached read-only (retrying while its agent flushes); a segment location
+      is listed, only the day partitions the window can touch are kept (``since_seconds``:
+      ``None`` reads every day), and they are read as Parquet (object stores are fetched
+      to a scratch folder first, in parallel).
+    * A column a store or segment of an older schema lacks reads as NULL.
+    * A node that is in a store and in segments counts once: the store's rows older than what
+      the segments hold for that node and table are left out.
+    * Devices, processes and pods, published again whenever they change, are deduplicated by
+      key over all inputs (the newest version wins), in the fleet alias only.
+    * Where raw samples have been pruned, the minute rollups stand in for them (one sample at
+      mid-minute with the minute's means, ``source = 'rollup'``), in the fleet alias.
+    """
+    _create_shapes(con)
+    aliases = [f"s{i}" for i in range(len(inputs))]
+    stores = {a: p for a, p in zip(aliases, inputs, strict=True) if isinstance(p, Path)}
+    for alias, path in stores.items():
+        attach_read_only(con, f"r_{alias}", path, timeout_seconds)
+    newest = _newest_store_sample(con, [f"r_{a}" for a in stores])
+    published: dict[tuple[str, str], float] = {}
+    for alias, source in zip(aliases, inputs, strict=True):
+        if isinstance(source, loc.Location):
+            files = _select_segments(source, since_seconds, newest)
+            for name, entries in files.items():
+                for node, end in {(e[1], e[3]) for e in entries}:
+                    published[(name, node)] = max(published.get((name, node), end), end)
+            _segment_views(con, alias, source, files)
+    _published_table(con, published)
+    for alias in stores:
+        _store_views(con, alias, f"r_{alias}")
+    _fleet_views(con, aliases)
+    return [*aliases, FLEET_ALIAS]
+
+
+def detach_inputs(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> None:
+    """Drop the views, detach the stores (releasing them for their agents) and delete any
+    fetched segments."""
+    for alias in aliases:
+        con.execute(f"DROP SCHEMA IF EXISTS {alias} CASCADE")
+        attached = con.execute(
+            "SELECT count(*) FROM duckdb_databases() WHERE database_name = ?", [f"r_{alias}"]
+        ).fetchone()
+        if attached and attached[0]:
+            con.execute(f"DETACH r_{alias}")
+    import shutil  # noqa: PLC0415
+
+    for folder in _SCRATCH.pop(id(con), []):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _create_shapes(con: duckdb.DuckDBPyConnection) -> None:
+    """Empty tables of the current schema, the shape every view is aligned to by name."""
+    con.execute(f"CREATE SCHEMA IF NOT EXISTS {_SHAPE}")
+    for record in ALL_RECORDS:
+        con.execute(create_table_sql_named(record, f"{_SHAPE}.{record.TABLE}"))
+    for table in ROLLUP_COLUMNS:
+        con.execute(_schema.rollup_table_sql(table).replace(f"{table}_1m", f"{_SHAPE}.{table}_1m"))
+
+
+def create_table_sql_named(record: type[Any], name: str) -> str:
+    return _schema.create_table_sql(record, name=name)
+
+
+def _newest_store_sample(con: duckdb.DuckDBPyConnection, attached: list[str]) -> float | None:
+    newest: float | None = None
+    for db in attached:
+        row = con.execute(f"SELECT max(ts) FROM {db}.{GPU_SAMPLES}").fetchone()
+        if row and row[0] is not None:
+            newest = max(newest or row[0], row[0])
+    return newest
+
+
+def _segment_time(text: str) -> float:
+    fmt = "%Y%m%dT%H%M%S.%fZ" if "." in text else "%Y%m%dT%H%M%SZ"
+    import datetime as dt  # noqa: PLC0415
+
+    return dt.datetime.strptime(text, fmt).replace(tzinfo=dt.UTC).timestamp()
+
+
+def _select_segments(
+    location: loc.Location, since_seconds: float | None, newest_store: float | None
+) -> dict[str, list[tuple[str, str, float, float]]]:
+    """(relpath, node, start, end) of the segments each table needs: every day partition
+    when ``since_seconds`` is None, else those from the window's first day on (the window
+    ends at the newest sample, a store's or a segment's; a day of margin covers a segment
+    that ends after its newest row)."""
+    days = {t: loc.list_dirs(location, f"table={t}") for t in (*_RAW, *_ROLLUPS, *_KEYED)}
+    newest = _newest_segment_end(location, days.get(GPU_SAMPLES, []))
+    ends = [t for t in (newest, newest_store) if t is not None]
+    first_day = ""
+    if since_seconds is not None and ends:
+        import datetime as dt  # noqa: PLC0415
+
+        first = max(ends) - since_seconds - 86400.0
+        first_day = "day=" + dt.datetime.fromtimestamp(first, dt.UTC).strftime("%Y-%m-%d")
+    out: dict[str, list[tuple[str, str, float, float]]] = {}
+    for table, folders in days.items():
+        chosen: list[tuple[str, str, float, float]] = []
+        for day in (d for d in folders if d.startswith("day=") and d >= first_day):
+            for entry in loc.list_files(location, f"table={table}/{day}"):
+                parsed = _parse_segment(entry.relpath)
+                if parsed is not None:
+                    chosen.append((entry.relpath, *parsed))
+        out[table] = chosen
+    return out
+
+
+def _newest_segment_end(location: loc.Location, days: list[str]) -> float | None:
+    if not days:
+        return None
+    entries = loc.list_files(location, f"table={GPU_SAMPLES}/{max(days)}")
+    ends = [p[2] for p in (_parse_segment(e.relpath) for e in entries) if p is not None]
+    return max(ends) if ends else None
+
+
+def _parse_segment(relpath: str) -> tuple[str, float, float] | None:
+    """(node, start, end) from a segment's path; ``None`` for a file that is not one."""
+    from urllib.parse import unquote  # noqa: PLC0415
+
+    match = _SEGMENT_NAME.search(relpath)
+    node = next((p[5:] for p in relpath.split("/") if p.startswith("node=")), None)
+    if match is None or node is None:
+        return None
+    return unquote(node), _segment_time(match.group(1)), _segment_time(match.group(2))
+
+
+def _segment_views(
+    con: duckdb.DuckDBPyConnection,
+    alias: str,
+    location: loc.Location,
+    files: dict[str, list[tuple[str, str, float, float]]],
+) -> None:
+    root = Path(location.root)
+    if not location.is_local:
+        root = _fetch(con, location, [e[0] for entries in files.values() for e in entries])
+    con.execute(f"CREATE SCHEMA {alias}")
+    for table in (*_RAW, *_ROLLUPS, *_KEYED):
+        paths = [str(root / e[0]) for e in files.get(table, [])]
+        body = f"SELECT * FROM {_SHAPE}.{table}"
+        if paths:
+            listed = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
+            body += f" UNION ALL BY NAME SELECT * FROM read_parquet([{listed}], union_by_name=true)"
+        con.execute(f"CREATE VIEW {alias}.{table} AS {body}")
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, location: loc.Location, relpaths: list[str]) -> Path:
+    """Copy segments of an object store into a scratch folder (deleted on detach)."""
+    import tempfile  # noqa: PLC0415
+
+    scratch = Path(tempfile.mkdtemp(prefix="aiscope-segments-"))
+    _SCRATCH.setdefault(id(con), []).append(scratch)
+    loc.fetch(location, relpaths, scratch)
+    return scratch
+
+
+def _published_table(
+    con: duckdb.DuckDBPyConnection, published: dict[tuple[str, str], float]
+) -> None:
+    con.execute("CREATE OR REPLACE TEMP TABLE _published (tbl VARCHAR, node VARCHAR, until DOUBLE)")
+    if published:
+        con.execute(
+            "INSERT INTO _published SELECT UNNEST($t), UNNEST($n), UNNEST($u)",
+            {
+                "t": [k[0] for k in published],
+                "n": [k[1] for k in published],
+                "u": list(published.values()),
+            },
+        )
+
+
+def _store_views(con: duckdb.DuckDBPyConnection, alias: str, db: str) -> None:
+    """A store's tables, aligned to the current schema; rows its node already published to a
+    segment input are left out."""
+    con.execute(f"CREATE SCHEMA {alias}")
+    have = {
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [db]
+        ).fetchall()
+    }
+    for table in (*_RAW, *_ROLLUPS, *_KEYED):
+        body = f"SELECT * FROM {_SHAPE}.{table}"
+        if table in have:
+            column = _time_column(table)
+            body += (
+                f" UNION ALL BY NAME SELECT t.* FROM {db}.{table} t LEFT JOIN _published p "
+                f"ON p.tbl = '{table}' AND p.node = t.node "
+                f"WHERE p.until IS NULL OR t.{column} >= p.until"
+            )
+        con.execute(f"CREATE VIEW {alias}.{table} AS {body}")
+
+
+def _fleet_views(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> None:
+    """The fleet alias: keyed tables deduplicated, rollups standing in for pruned raw samples.
+    The inputs' own keyed and rollup views are then hidden behind empty ones, so a union over
+    every alias counts each row once."""
+    con.execute(f"CREATE SCHEMA {FLEET_ALIAS}")
+    for table, record in _KEYED.items():
+        union = " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
+        key = ", ".join(record.KEY)
+        con.execute(
+            f"CREATE TABLE {FLEET_ALIAS}.{table} AS SELECT * FROM ({union}) "
+            f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY last_seen_ts DESC) = 1"
+        )
+    for table in ROLLUP_COLUMNS:
+        rolled = " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}_1m" for a in aliases)
+        con.execute(f"CREATE VIEW {FLEET_ALIAS}.{table}_1m AS {rolled}")
+        _rollup_stand_in(con, aliases, table)
+    for table in _RAW:
+        if table not in ROLLUP_COLUMNS:
+            con.execute(f"CREATE VIEW {FLEET_ALIAS}.{table} AS SELECT * FROM {_SHAPE}.{table}")
+    for alias in aliases:
+        for table in (*_KEYED, *_ROLLUPS):
+            con.execute(f"CREATE OR REPLACE VIEW {alias}.{table} AS SELECT * FROM {_SHAPE}.{table}")
+
+
+def _rollup_stand_in(con: duckdb.DuckDBPyConnection, aliases: list[str], table: str) -> None:
+    """``fleet.<table>``: a sample per rolled-up minute of a node before its first raw row
+    (each node's first raw row is found once, and only when there are rollups at all)."""
+    body = f"SELECT * FROM {_SHAPE}.{table}"
+    oldest = con.execute(f"SELECT min(minute_ts) FROM {FLEET_ALIAS}.{table}_1m").fetchone()
+    if oldest is not None and oldest[0] is not None:
+        raw = " UNION ALL BY NAME ".join(f"SELECT node, ts FROM {a}.{table}" for a in aliases)
+        con.execute(
+            f"CREATE TABLE {FLEET_ALIAS}._first_{table} AS "
+            f"SELECT node, min(ts) AS first FROM ({raw}) GROUP BY node"
+        )
+        means = ", ".join(f"m.{c}_mean AS {c}" for c in ROLLUP_COLUMNS[table])
+        ids = ", ".join(f"m.{k}" for k in _schema.ROLLUP_KEYS[table])
+        up = ", true AS up" if table == GPU_SAMPLES else ""
+        body += (
+            f" UNION ALL BY NAME SELECT m.minute_ts + 30 AS ts, {ids}{up}, {means}, "
+            f"'rollup' AS source FROM {FLEET_ALIAS}.{table}_1m m "
+            f"LEFT JOIN {FLEET_ALIAS}._first_{table} f ON f.node = m.node "
+            "WHERE f.first IS NULL OR m.minute_ts + 60 <= f.first"
+        )
+    con.execute(f"CREATE VIEW {FLEET_ALIAS}.{table} AS {body}")
+
+
+def _time_column(table: str) -> str:
+    if table in _KEYED:
+        return "last_seen_ts"
+    return "minute_ts" if table in _ROLLUPS else "ts"
+
+
+def parse_location(text: str, what: str = "--store") -> loc.Location:
+    """A LOCATION of segments to read (``s3://…``, ``gs://…``, ``az://…`` or a directory)."""
+    return loc.parse(text, what)
+
+
+def is_location_url(text: str) -> bool:
+    return loc.is_url(text)
+
+
+def read_records(path: Path, record: type[Any], timeout_seconds: float = 10.0) -> list[Any]:
+    """Every row of ``record``'s table in the store at ``path`` as records; ``[]`` when the store
+    has no such table (an optional table, like ``notices_sent``, not created yet)."""
+    con = connect_read_only(path, timeout_seconds)
+    try:
+        have = con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [record.TABLE]
+        ).fetchone()
+        if have != (1,):
+            return []
+        cols = columns(record)
+        rows = con.execute(f"SELECT {', '.join(cols)} FROM {record.TABLE}").fetchall()
+    except duckdb.Error as exc:
+        raise wrap(path, exc) from exc
+    finally:
+        con.close()
+    return [record(*row) for row in rows]

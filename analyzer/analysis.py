@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from pathlib import Path
 from typing import Any
 
+from agent.storefile import Input
 from analyzer.classify import GpuVerdict, classify
 from analyzer.context import Finding, to_json
 from analyzer.findings import find_all
-from analyzer.load import InputError, expand, load
+from analyzer.load import InputError, inputs, load
 from analyzer.mig import mig_json
 from analyzer.owners import account
 from analyzer.prices import Accounting
@@ -47,7 +47,7 @@ def analyze(
     """Run every analysis over the window and return the contract's JSON document
     (``accounting``: teams, accounts and prices for ``owners[]`` and ``bill``)."""
     seconds = parse_duration(since)
-    paths: list[Path] = expand(stores)
+    paths: list[Input] = inputs(stores)
     data = load(paths, seconds, timeout=timeout)
     verdicts = classify(data, thresholds)
     results = find_all(data, verdicts, thresholds)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,9 @@ TENANT_SQL = (
     "'pod ' || coalesce(k.namespace || '/' || k.name, p.k8s_pod_uid), "
     "'unit ' || p.systemd_unit, coalesce(p.comm, '?') || ' (pid ' || p.pid || ')')"
 )
+
+
+log = logging.getLogger(__name__)
 
 
 class InputError(BadInput):
@@ -173,20 +177,19 @@ class FleetData:
 
 
 def expand(patterns: list[str]) -> list[Path]:
-    """Store paths from ``--store`` values: files, directories (``aiscope.duckdb`` inside) and
-    globs. Raises :class:`InputError` when nothing matches."""
+    """Store paths from ``--store`` values: files, directories (every ``*.duckdb`` under them)
+    and globs. Raises :class:`InputError` when nothing matches."""
     paths: list[Path] = []
     for pattern in patterns:
         matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
         if not matches:
             raise InputError(f"--store {pattern}: no store matches this pattern")
         for match in matches:
-            path = Path(match)
-            path = path / "aiscope.duckdb" if path.is_dir() else path
-            if not path.exists():
-                raise InputError(f"--store {match}: no such store")
-            if path not in paths:
-                paths.append(path)
+            for path in sf.stores_under(Path(match)):
+                if not path.exists():
+                    raise InputError(f"--store {match}: no such store")
+                if path not in paths:
+                    paths.append(path)
     if not paths:
         raise InputError("no store given (use --store PATH or set AISCOPE_STORE)")
     return paths
@@ -228,6 +231,7 @@ def bucket_for(window_seconds: float, interval_seconds: float | None) -> int:
     return int(max(min(BUCKET_SECONDS, window_seconds / 720.0), floor, 1.0))
 
 
+@sf.reads_stores
 def load(
     paths: Sequence[sf.Input],
     since_seconds: float,
@@ -239,9 +243,15 @@ def load(
     try:
         aliases = sf.attach_inputs(con, list(paths), timeout, since_seconds)
         con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
-        row = con.execute("SELECT min(ts), max(ts) FROM g").fetchone()
+        row = con.execute(
+            "SELECT min(ts), max(ts) FILTER (WHERE ts <= $l), count(*) FILTER (WHERE ts > $l) "
+            "FROM g",
+            {"l": sf.latest_plausible_ts()},
+        ).fetchone()
         if row is None or row[1] is None:
-            raise EmptyStore(f"{paths[0]}: the store has no GPU samples yet")
+            raise EmptyStore(f"{paths[0]}: the store has no GPU samples dated before now")
+        if row[2]:  # one row from a wrong clock must not end the window on itself
+            log.warning("ignored %d GPU samples dated in the future (a wrong clock)", row[2])
         end = float(row[1])
         # An old or short capture still analyzes: the window ends at its newest sample and
         # starts no earlier than its first.
@@ -548,6 +558,7 @@ class Usage:
     power_limit_watts: float | None
 
 
+@sf.reads_stores
 def holdings(paths: list[Path], timeout: float = 10.0) -> Holdings:
     """Every (workload, GPU) the stores' process samples show, with the workload's ids."""
     con = duckdb.connect(":memory:", config={"threads": 2})
@@ -587,6 +598,7 @@ def holdings(paths: list[Path], timeout: float = 10.0) -> Holdings:
     )
 
 
+@sf.reads_stores
 def usage(
     paths: list[Path], spans: list[tuple[str, str, float, float]], timeout: float = 10.0
 ) -> dict[tuple[str, str], Usage]:
@@ -649,6 +661,7 @@ class History:
     node_power_p95_watts: float | None
 
 
+@sf.reads_stores
 def history(paths: list[Path], since_seconds: float | None, timeout: float = 10.0) -> History:
     """Hourly GPU demand over everything stored (or the last ``since_seconds``): raw samples,
     and before a GPU's first raw sample its minute rollups (kept far longer than raw)."""
