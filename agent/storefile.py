@@ -551,7 +551,7 @@ def _segment_views(
         if paths:
             listed = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
             body += f" UNION ALL BY NAME SELECT * FROM read_parquet([{listed}], union_by_name=true)"
-        con.execute(f"CREATE VIEW {alias}.{table} AS {body}")
+        _input_view(con, alias, table, body)
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, location: loc.Location, relpaths: list[str]) -> Path:
@@ -598,31 +598,36 @@ def _store_views(con: duckdb.DuckDBPyConnection, alias: str, db: str) -> None:
                 f"ON p.tbl = '{table}' AND p.node = t.node "
                 f"WHERE p.until IS NULL OR t.{column} >= p.until"
             )
-        con.execute(f"CREATE VIEW {alias}.{table} AS {body}")
+        _input_view(con, alias, table, body)
+
+
+def _input_view(con: duckdb.DuckDBPyConnection, alias: str, table: str, body: str) -> None:
+    """An input's view of ``table``. Keyed and rollup tables are read through the fleet alias
+    only (deduplicated there), so the input keeps them as ``_<table>`` and shows an empty
+    ``<table>``: a union over every alias then counts each row once."""
+    if table in _KEYED or table in _ROLLUPS:
+        con.execute(f"CREATE VIEW {alias}._{table} AS {body}")
+        body = f"SELECT * FROM {_SHAPE}.{table}"
+    con.execute(f"CREATE VIEW {alias}.{table} AS {body}")
 
 
 def _fleet_views(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> None:
-    """The fleet alias: keyed tables deduplicated, rollups standing in for pruned raw samples.
-    The inputs' own keyed and rollup views are then hidden behind empty ones, so a union over
-    every alias counts each row once."""
+    """The fleet alias: keyed tables deduplicated, rollups standing in for pruned raw samples."""
     con.execute(f"CREATE SCHEMA {FLEET_ALIAS}")
     for table, record in _KEYED.items():
-        union = " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
+        union = " UNION ALL BY NAME ".join(f"SELECT * FROM {a}._{table}" for a in aliases)
         key = ", ".join(record.KEY)
         con.execute(
             f"CREATE TABLE {FLEET_ALIAS}.{table} AS SELECT * FROM ({union}) "
             f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY last_seen_ts DESC) = 1"
         )
     for table in ROLLUP_COLUMNS:
-        rolled = " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}_1m" for a in aliases)
+        rolled = " UNION ALL BY NAME ".join(f"SELECT * FROM {a}._{table}_1m" for a in aliases)
         con.execute(f"CREATE VIEW {FLEET_ALIAS}.{table}_1m AS {rolled}")
         _rollup_stand_in(con, aliases, table)
     for table in _RAW:
         if table not in ROLLUP_COLUMNS:
             con.execute(f"CREATE VIEW {FLEET_ALIAS}.{table} AS SELECT * FROM {_SHAPE}.{table}")
-    for alias in aliases:
-        for table in (*_KEYED, *_ROLLUPS):
-            con.execute(f"CREATE OR REPLACE VIEW {alias}.{table} AS SELECT * FROM {_SHAPE}.{table}")
 
 
 def _rollup_stand_in(con: duckdb.DuckDBPyConnection, aliases: list[str], table: str) -> None:

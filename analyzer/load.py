@@ -213,10 +213,17 @@ def inputs(patterns: list[str]) -> list[sf.Input]:
 
 
 def _stores_beside_segments(directory: str) -> list[Path]:
-    try:
-        return expand([directory])
-    except InputError:
-        return []  # segments only
+    """The node stores in a directory of segments (none is fine), without walking its
+    ``table=…`` folders, which can hold millions of segments."""
+    found: list[Path] = []
+    for child in sorted(Path(directory).iterdir()):
+        if child.name.startswith("table="):
+            continue
+        if child.is_file() and child.suffix == ".duckdb":
+            found.append(child)
+        elif child.is_dir():
+            found.extend(sorted(p for p in child.rglob("*.duckdb") if p.is_file()))
+    return found
 
 
 def _union(aliases: list[str], table: str) -> str:
