@@ -75,7 +75,10 @@ def resolve_store(path: Path) -> Path:
 
 
 def _positive_float(value: Any) -> float:
-    number = float(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a positive number") from None
     if not (math.isfinite(number) and number > 0):
         raise ValueError("expected a positive number")
     return number
@@ -143,14 +146,32 @@ def _nonempty(text: str) -> str:
     return text.strip()
 
 
-def read_toml(path: Path) -> dict[str, Any]:
-    """The ``[agent]`` table of a TOML file. Raises :class:`ConfigError`."""
+#: The tables a config file may hold; any other is a misspelling, refused with the file named.
+TABLES = ("agent", "thresholds", "owners", "prices", "site", "notify", "publish")
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A config file's tables, each checked to be one aiscope knows (``[agentt]`` is refused,
+    not silently ignored). Raises :class:`ConfigError`."""
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (a TOML config expected)") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    unknown = sorted(set(data) - set(TABLES))
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown table [{unknown[0]}] (known: {', '.join(TABLES)}); check its spelling"
+        )
+    return data
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The ``[agent]`` table of a TOML file. Raises :class:`ConfigError`."""
+    data = read_config_file(path)
     table = data.get("agent", {})
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [agent] must be a table")

@@ -21,6 +21,7 @@ import csv
 import datetime as dt
 import itertools
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from agent.schema import (
     observed_process,
 )
 from agent.store import Store
+from agent.storefile import EARLIEST_TS, latest_plausible_ts
 
 SOURCE = "nvidia-smi"
 NOT_REPORTED = {
@@ -67,6 +69,36 @@ SAMPLE_FIELDS: dict[str, tuple[str, float]] = {
     "clocks.current.sm": ("sm_clock_hertz", 1e6),
     "clocks.mem": ("memory_clock_hertz", 1e6),
     "clocks.current.memory": ("memory_clock_hertz", 1e6),
+}
+#: Units per kind of value: factor to the unit nvidia-smi writes (its default, second), and the
+#: range a real GPU can report in that unit. nvidia-smi writes only %, MiB, W and MHz; the other
+#: units here are unambiguous multiples (binary for bytes, SI for watts and hertz), so a value a
+#: person or another tool wrote in them is converted. Any other unit (``MB``, ``GB``: decimal or
+#: binary?) is refused rather than guessed: the row is counted as malformed.
+UNITS: dict[str, tuple[dict[str, float], str, tuple[float, float]]] = {
+    "percent": ({"%": 1.0}, "%", (0.0, 100.0)),
+    "mib": (
+        {"b": 1 / _MIB, "kib": 1 / 1024, "mib": 1.0, "gib": 1024.0, "tib": 1024.0**2},
+        "mib",
+        (0.0, 16 * 1024.0**2),  # 16 TiB: no GPU has more
+    ),
+    "watts": ({"mw": 1e-3, "w": 1.0, "kw": 1e3}, "w", (0.0, 10_000.0)),
+    "celsius": ({"c": 1.0}, "c", (-50.0, 200.0)),
+    "mhz": ({"hz": 1e-6, "khz": 1e-3, "mhz": 1.0, "ghz": 1e3}, "mhz", (0.0, 20_000.0)),
+}
+#: The kind of each GpuSample target (and of the device fields).
+KIND = {
+    "utilization_gpu_ratio": "percent",
+    "utilization_memory_ratio": "percent",
+    "memory_used_bytes": "mib",
+    "memory_free_bytes": "mib",
+    "memory_reserved_bytes": "mib",
+    "power_watts": "watts",
+    "temperature_celsius": "celsius",
+    "sm_clock_hertz": "mhz",
+    "memory_clock_hertz": "mhz",
+    "memory.total": "mib",
+    "power.limit": "watts",
 }
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
 DEVICE_FIELDS = {
@@ -105,6 +137,25 @@ class ImportResult:
     malformed: int = 0
     gpus: set[str] = field(default_factory=set)
     processes_written: int = 0
+    #: Rows refused for a value no GPU reports (utilization over 100%, negative power, ...).
+    out_of_range: int = 0
+    #: Rows refused for a timestamp in the future or before 2000.
+    implausible_time: int = 0
+
+
+#: Real time zones are UTC-12 to UTC+14.
+UTC_OFFSET_RANGE_HOURS = (-12.0, 14.0)
+
+
+def check_utc_offset(hours: float) -> float:
+    """``hours`` if it is a real time zone's offset from UTC; else :class:`ImportError_`."""
+    low, high = UTC_OFFSET_RANGE_HOURS
+    if not (math.isfinite(hours) and low <= hours <= high):
+        raise ImportError_(
+            f"--utc-offset: expected hours from {low:g} to +{high:g} (got {hours!r}); "
+            "the capturing machine's offset from UTC, e.g. 2 for CEST"
+        )
+    return hours
 
 
 def field_name(header: str) -> str:
@@ -126,6 +177,25 @@ def value(text: str) -> float | None:
         return float(int(token, 16)) if token.lower().startswith("0x") else float(token)
     except ValueError:
         raise ValueError(f"not a number: {raw!r}") from None
+
+
+def converted(text: str, kind: str) -> float | None:
+    """A value of ``kind`` (``UNITS``) in nvidia-smi's unit; ``None`` for "not reported".
+    Raises ``ValueError`` for an unknown unit or a value out of range."""
+    raw = text.strip()
+    if raw.lower() in NOT_REPORTED:
+        return None
+    match = re.match(_VALUE, raw)
+    if match is None:
+        raise ValueError(f"not a number: {raw!r}")
+    factors, default, (low, high) = UNITS[kind]
+    unit = (match.group(2) or default).lower()
+    if unit not in factors:
+        raise ValueError(f"unknown unit: {raw!r}")
+    number = float(match.group(1)) * factors[unit]
+    if not low <= number <= high:
+        raise ValueError(f"out of range: {raw!r}")
+    return number
 
 
 _SECONDS: dict[str, float] = {}
@@ -178,6 +248,12 @@ def read_header(path: Path, fields: list[str] | None) -> tuple[list[str], bool, 
         raise ImportError_(f"{path}: empty file")
     if fields:
         names = [field_name(f) for f in fields]
+        width = len(first.split(","))  # nvidia-smi never quotes: a comma always separates
+        if width != len(names):
+            raise ImportError_(
+                f"{path}: --fields names {len(names)} columns but its lines have {width}; "
+                "give one name per column, in the order of the --query-gpu that wrote it"
+            )
         rest: Iterator[str] = _chain([first], lines)
     else:
         names = [field_name(h) for h in next(csv.reader([first]))]
@@ -266,6 +342,7 @@ def import_files(
     utc_offset_hours: float = 0.0,
 ) -> ImportResult:
     """Validate every file first (nothing is written if one is not nvidia-smi CSV), then import."""
+    check_utc_offset(utc_offset_hours)
     headers = [read_header(p, fields) for p in paths]
     result = ImportResult(files=len(paths))
     for path, (names, apps, lines) in zip(paths, headers, strict=True):
@@ -319,14 +396,13 @@ def _identity(plan: _Plan) -> str:
 
 
 def _gpu_select(plan: _Plan) -> str:
-    """SQL turning the raw text columns into ``GpuSample`` columns (units stripped, "not
-    reported" as NULL, GPUs identified by uuid, bus id, index or position in the sweep)."""
+    """SQL turning the checked values of ``imp_vals`` into ``GpuSample`` columns (units
+    converted, "not reported" as NULL, GPUs identified by uuid, bus id, index or position in the
+    sweep, the time moved by the ``$offset`` parameter)."""
 
     c = _col
     values = {
-        target: (
-            f"CAST({_num(c(col))} * {scale} AS BIGINT)" if integer else f"{_num(c(col))} * {scale}"
-        )
+        target: (f"CAST(v{col} * {scale} AS BIGINT)" if integer else f"v{col} * {scale}")
         for col, target, scale, integer in plan.samples
     }
     if plan.reasons is not None:
@@ -334,7 +410,7 @@ def _gpu_select(plan: _Plan) -> str:
     selected = []
     for name in columns(GpuSample):
         expr = {
-            "ts": "ts",
+            "ts": "ts - $offset",
             "node": "$node",
             "uuid": "gpu_key",
             "gpu_index": "gpu_idx",
@@ -343,6 +419,46 @@ def _gpu_select(plan: _Plan) -> str:
         }.get(name) or values.get(name, "NULL")
         selected.append(f"{expr} AS {name}")
     return ", ".join(selected)
+
+
+#: A value as nvidia-smi (or a person) writes it: a number, then an optional unit.
+_VALUE = r"^([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z%]*)$"
+
+
+def _checked_columns(plan: _Plan) -> dict[int, str]:
+    """The columns whose values are converted and checked, by kind (``UNITS``)."""
+    out = {col: KIND[target] for col, target, _, _ in plan.samples}
+    if plan.total is not None:
+        out[plan.total] = KIND["memory.total"]
+    if plan.limit is not None:
+        out[plan.limit] = KIND["power.limit"]
+    return out
+
+
+def _value_sql(col: int, kind: str, header_unit: str | None) -> tuple[str, str, str]:
+    """(value in nvidia-smi's unit or NULL, "is a number in a known unit or not reported",
+    "is within what a GPU can report") for raw column ``col`` of ``imp_parts``."""
+    factors, default, (low, high) = UNITS[kind]
+    unit = f"lower(coalesce(nullif(p{col}.u, ''), {_literal(header_unit or default)}))"
+    cases = " ".join(f"WHEN {_literal(u)} THEN {f!r}" for u, f in factors.items())
+    value = f"TRY_CAST(p{col}.n AS DOUBLE) * (CASE {unit} {cases} ELSE NULL END)"
+    parsed = f"(v{col} IS NOT NULL OR NOT {_reported(f'c{col}')})"
+    in_range = f"(v{col} IS NULL OR (v{col} >= {low!r} AND v{col} <= {high!r}))"
+    return value, parsed, in_range
+
+
+def header_units(path: Path, fields: list[str] | None) -> list[str | None]:
+    """The unit each column's header gives (``memory.used [MiB]`` -> ``mib``), or ``None``."""
+    if fields:
+        heads = fields
+    else:
+        first = next((line for line in _lines(path) if line.strip()), "")
+        heads = first.split(",")
+    out: list[str | None] = []
+    for head in heads:
+        unit = head.strip().partition(" [")[2].rstrip("]").strip().lower()
+        out.append(unit or None)
+    return out
 
 
 def _import_gpus(
@@ -357,22 +473,26 @@ def _import_gpus(
     """Read the log with DuckDB's streaming CSV reader, convert in SQL, merge into the store.
 
     The views below are evaluated while rows are inserted into the staging table, so the file is
-    never held in memory whole, only its converted samples.
+    never held in memory whole, only its converted samples. nvidia-smi never quotes a field, so
+    quotes are plain characters: a torn line with a stray quote cannot swallow the next line.
     """
     plan = _Plan.of(names)
     spec = {f"c{i}": "VARCHAR" for i in range(len(names))}
+    units = header_units(path, fields)
+    checked = _checked_columns(plan)
     lines = _count_lines(path) - (0 if fields else 1)
     with store.staging(GpuSample) as stage:
         stage.sql(
             "CREATE OR REPLACE TEMP VIEW imp_raw AS SELECT row_number() OVER () AS line, * "
             f"FROM read_csv({_literal(str(path))}, header = false, skip = {0 if fields else 1}, "
-            f"columns = {_struct(spec)}, delim = ',', quote = '\"', auto_detect = false, "
-            "ignore_errors = true, null_padding = false, strict_mode = false)"
+            f"columns = {_struct(spec)}, delim = ',', quote = '', escape = '', "
+            "auto_detect = false, ignore_errors = true, null_padding = false, "
+            "strict_mode = false)"
         )
         stage.sql(
             "CREATE OR REPLACE TEMP VIEW imp_ts AS SELECT *, "
             f"epoch_ms(try_strptime(trim(c{plan.ts}), {_list(_TIME_FORMATS)})) / 1000.0 "
-            f"- {float(offset * 3600)!r} AS ts FROM imp_raw"
+            "AS ts FROM imp_raw"
         )
         identified = {plan.index, plan.uuid, plan.bus} != {None}
         stamps = [
@@ -392,16 +512,42 @@ def _import_gpus(
             "AS position FROM s) "
             f"SELECT *, {_identity(plan).replace('$node', _literal(node))} FROM r"
         )
+        sql = {col: _value_sql(col, kind, units[col]) for col, kind in checked.items()}
+        parts = [
+            f"regexp_extract(trim(c{col}), {_literal(_VALUE)}, ['n', 'u']) AS p{col}"
+            for col in checked
+        ]
         stage.sql(
-            f"INSERT INTO temp.import_stage SELECT {_gpu_select(plan)} FROM imp_gpus",
-            {"node": node},
+            "CREATE OR REPLACE TEMP VIEW imp_parts AS SELECT *"
+            + "".join(", " + p for p in parts)
+            + " FROM imp_gpus"
+        )
+        stage.sql(
+            "CREATE OR REPLACE TEMP VIEW imp_vals AS SELECT *"
+            + "".join(f", {value} AS v{col}" for col, (value, _, _) in sql.items())
+            + " FROM imp_parts"
+        )
+        parsed_ok = " AND ".join(ok for _, ok, _ in sql.values()) or "true"
+        in_range = " AND ".join(ok for _, _, ok in sql.values()) or "true"
+        stage.sql(
+            "CREATE OR REPLACE TEMP VIEW imp_ok AS SELECT * FROM imp_vals "
+            f"WHERE {parsed_ok} AND {in_range}"
+        )
+        stage.sql(
+            f"INSERT INTO temp.import_stage SELECT {_gpu_select(plan)} FROM imp_ok",
+            {"node": node, "offset": offset * 3600.0},
         )
         parsed, gpus = stage.sql("SELECT count(*), list(DISTINCT uuid) FROM temp.import_stage")[0]
-        devices = _devices(stage, plan, node)
-        for view in ("imp_gpus", "imp_ts", "imp_raw"):
+        (out_of_range,) = stage.sql(
+            f"SELECT count(*) FROM imp_vals WHERE {parsed_ok} AND NOT ({in_range})"
+        )[0]
+        devices = _devices(stage, plan, node, offset)
+        for view in ("imp_ok", "imp_vals", "imp_parts", "imp_gpus", "imp_ts", "imp_raw"):
             stage.sql(f"DROP VIEW IF EXISTS {view}")
     result.rows += lines
-    result.malformed += max(lines - int(parsed), 0)
+    result.out_of_range += int(out_of_range)
+    result.malformed += max(lines - int(parsed) - int(out_of_range), 0)
+    result.implausible_time += store.last_merge_implausible
     result.gpus.update(gpus or [])
     result.samples_written += store.last_merge_written
     result.duplicates += store.last_merge_skipped
@@ -410,15 +556,19 @@ def _import_gpus(
         store.flush()
 
 
-def _devices(stage: Any, plan: _Plan, node: str) -> list[Device]:
+def _devices(stage: Any, plan: _Plan, node: str, offset: float) -> list[Device]:
     if plan.name is None and plan.total is None and plan.limit is None:
         return []
 
     c = _col
+
+    def checked(col: int | None) -> str:
+        return "NULL" if col is None else f"v{col}"
+
     rows = stage.sql(
         f"SELECT gpu_key, any_value(gpu_idx), any_value(trim({c(plan.name)})), "
-        f"max({_num(c(plan.total))}), max({_num(c(plan.limit))}), "
-        f"any_value(trim({c(plan.bus)})), max(ts) FROM imp_gpus GROUP BY gpu_key"
+        f"max({checked(plan.total)}), max({checked(plan.limit)}), "
+        f"any_value(trim({c(plan.bus)})), max(ts) FROM imp_ok GROUP BY gpu_key"
     )
     return [
         Device(
@@ -432,10 +582,11 @@ def _devices(stage: Any, plan: _Plan, node: str) -> list[Device]:
             mig_mode=None,
             driver_version=None,
             nvlink_count=None,
-            last_seen_ts=float(ts),
+            last_seen_ts=float(ts) - offset * 3600.0,
             source=SOURCE,
         )
         for uuid, index, name, total, limit, bus, ts in rows
+        if EARLIEST_TS <= float(ts) - offset * 3600.0 <= latest_plausible_ts()
     ]
 
 
@@ -473,7 +624,8 @@ def _import_apps(
 ) -> None:
     samples: list[ProcessSample] = []
     procs: dict[int, Process] = {}
-    for fields in csv.reader(lines, skipinitialspace=True):
+    # nvidia-smi never quotes: a stray quote in a torn line must not swallow the next line.
+    for fields in csv.reader(lines, skipinitialspace=True, quoting=csv.QUOTE_NONE):
         if not fields:
             continue
         result.rows += 1
@@ -484,7 +636,9 @@ def _import_apps(
         try:
             ts = timestamp(row["timestamp"], offset)
             pid = int(row["pid"])
-            memory = value(row.get("used_gpu_memory") or row.get("used_memory") or "[N/A]")
+            memory = converted(
+                row.get("used_gpu_memory") or row.get("used_memory") or "[N/A]", "mib"
+            )
         except ValueError:
             result.malformed += 1
             continue

@@ -31,6 +31,7 @@ from types import FrameType
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from agent.config import AgentConfig
+from agent.errors import Failure
 from agent.exporter import MetricsServer
 from agent.sampler import Sampler
 from agent.store import Store, StoreError
@@ -97,11 +98,15 @@ def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> Background
 
 
 def run(agent: Agent, stop: threading.Event | None = None) -> int:
-    """Run until SIGTERM/SIGINT, ``stop`` or ``config.duration``; return the exit code."""
+    """Run until SIGTERM/SIGINT, ``stop`` or ``config.duration``; return the exit code.
+
+    Refuses to start on a store it cannot write (:class:`agent.store.NotAStore`, exit 2, or
+    :class:`StoreError`), and raises :class:`RowsLost` (exit 1) when the last flush failed."""
     stop = stop or threading.Event()
+    agent.store.check_writable()  # first: a store it could never write stops the agent at once
     _install_signal_handlers(stop)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    server = agent.serve()  # first: an address that cannot be bound stops the agent at once
+    server = agent.serve()  # an address that cannot be bound stops the agent at once too
     agent.sampler.start()
     agent.sampler.tick()  # the first scrape already sees every GPU
     log.info(
@@ -112,24 +117,34 @@ def run(agent: Agent, stop: threading.Event | None = None) -> int:
         agent.config.store,
     )
     scheduler = schedule(agent)
+    lost: RowsLost | None = None
     try:
         stop.wait(agent.config.duration)
     finally:
         scheduler.shutdown(wait=True)
         agent.sampler.stop()
-        _final_flush(agent.store)
+        lost = _final_flush(agent.store)
         agent.store.close()
         server.close()
+    if lost is not None:
+        raise lost
     return 0
 
 
-def _final_flush(store: Store) -> None:
+class RowsLost(Failure):
+    """The agent stopped with rows it could not write (exit 1: a supervisor should know)."""
+
+
+def _final_flush(store: Store) -> RowsLost | None:
+    """Flush the buffer one last time; the error to stop with when rows were lost."""
     try:
         written = store.flush()
         log.info("final flush: %d rows", written)
+        return None
     except StoreError as exc:
         stats = store.stats()
         log.error("final flush failed, %d rows lost: %s", stats.buffered_rows, exc)
+        return RowsLost(f"{exc}; {stats.buffered_rows} buffered rows lost at exit")
 
 
 def _install_signal_handlers(stop: threading.Event) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -179,30 +180,47 @@ def agent_run(
 def store_info(
     store: Annotated[Path | None, typer.Option(help="Store file or directory.")] = None,
     output_format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
-    wait: Annotated[
-        float, typer.Option(help="Seconds to wait for the agent to release the store.")
-    ] = 10.0,
+    wait: WaitOption = 10.0,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify/--no-verify",
+            help="Read every value of every table first, so a damaged store is reported (on by "
+            "default; --no-verify skips it on a very large store).",
+        ),
+    ] = True,
 ) -> None:
     """Show a store's schema version and, per table, its rows and time span.
 
-    Works while the agent is running and writing.
+    Works while the agent is running and writing. Reads every table first (an integrity check:
+    a corrupt block or a missing table is exit 2). A directory means every store (*.duckdb)
+    under it.
 
     \b
     Examples:
       aiscope store info --store /var/lib/aiscope
       aiscope store info --store node1.duckdb --format json
+      aiscope store info --store fleet/ --no-verify
     """
-    from agent.config import default_store, resolve_store  # noqa: PLC0415
+    from agent.config import default_store  # noqa: PLC0415
+    from agent.storefile import stores_under  # noqa: PLC0415
     from aiscope.compose import describe_store  # noqa: PLC0415
 
     if output_format not in ("text", "json"):
         raise BadInput(f"--format: expected text or json, got {output_format!r}")
-    path = resolve_store(store) if store else default_store()
-    info = describe_store(path, wait)
+    paths = stores_under(store) if store else [default_store()]
+    infos = [describe_store(path, wait, verify) for path in paths]
     if output_format == "json":
-        typer.echo(json.dumps(info, indent=2))
+        typer.echo(json.dumps(infos[0] if len(infos) == 1 else infos, indent=2))
         return
-    typer.echo(f"store {info['path']} (schema {info['schema_version']})")
+    for info in infos:
+        _print_store_info(info)
+
+
+def _print_store_info(info: dict[str, Any]) -> None:
+    checked = info.get("verified_rows")
+    verified = "" if checked is None else f", {checked} rows read back intact"
+    typer.echo(f"store {info['path']} (schema {info['schema_version']}{verified})")
     typer.echo(f"{'table':<20} {'rows':>12}  {'first':<20}  {'last':<20}")
     for t in info["tables"]:
         typer.echo(
@@ -254,10 +272,9 @@ def simulate_command(
     spec = load(scenario)
     if growth is not None:
         spec = dataclasses.replace(spec, growth_per_week=growth)
-    from agent.config import default_store, resolve_store  # noqa: PLC0415
     from sim.engine import simulate  # noqa: PLC0415
 
-    path = resolve_store(store) if store else default_store()
+    path = _write_target(store, "simulate")
     with _progress(f"simulating {spec.name}") as update:
         result = simulate(spec, path, days=days, seed=seed, progress=update)
     typer.echo(
@@ -296,11 +313,10 @@ def import_nvidia_smi(
       aiscope import nvidia-smi gpus.csv --store node1.duckdb --node node1
       aiscope import nvidia-smi log.csv --fields timestamp,uuid,utilization.gpu,memory.used
     """
-    from agent.config import default_store, resolve_store  # noqa: PLC0415
     from agent.importer import import_files  # noqa: PLC0415
     from agent.store import Store  # noqa: PLC0415
 
-    path = resolve_store(store) if store else default_store()
+    path = _write_target(store, "import nvidia-smi")
     field_list = [f for f in fields.split(",") if f.strip()] if fields else None
     writer = Store(path)
     try:
@@ -311,7 +327,18 @@ def import_nvidia_smi(
         f"imported {result.samples_written} GPU samples and {result.processes_written} process "
         f"samples for {len(result.gpus)} GPUs from {result.files} file(s) into {path}; "
         f"{result.duplicates} already stored, {result.malformed} malformed lines skipped"
+        f"{_refused(result.out_of_range, result.implausible_time)}"
     )
+
+
+def _refused(out_of_range: int, implausible_time: int) -> str:
+    """The import summary's note on rows refused for impossible values or times."""
+    notes = []
+    if out_of_range:
+        notes.append(f"{out_of_range} rows with values out of range refused")
+    if implausible_time:
+        notes.append(f"{implausible_time} rows dated in the future or before 2000 refused")
+    return "".join(f", {n}" for n in notes)
 
 
 @import_app.command("dcgm")
@@ -347,11 +374,10 @@ def import_dcgm_command(
       aiscope import dcgm /var/log/dcgm-scrapes/ --store node1.duckdb --node node1
       aiscope import dcgm scrapes.prom --interval 15 --store node1.duckdb
     """
-    from agent.config import default_store, resolve_store  # noqa: PLC0415
     from agent.import_dcgm import import_dcgm  # noqa: PLC0415
     from agent.store import Store  # noqa: PLC0415
 
-    path = resolve_store(store) if store else default_store()
+    path = _write_target(store, "import dcgm")
     writer = Store(path)
     try:
         result = import_dcgm(list(files), writer, node, interval)
@@ -392,11 +418,12 @@ def import_nvidia_smi_xml(
       aiscope import nvidia-smi-xml node1.xml --store fleet.duckdb
       aiscope import nvidia-smi-xml dumps/*.xml --store node1.duckdb --node node1 --utc-offset 2
     """
-    from agent.config import default_store, resolve_store  # noqa: PLC0415
     from agent.import_xml import import_xml  # noqa: PLC0415
+    from agent.importer import check_utc_offset  # noqa: PLC0415
     from agent.store import Store  # noqa: PLC0415
 
-    path = resolve_store(store) if store else default_store()
+    check_utc_offset(utc_offset)
+    path = _write_target(store, "import nvidia-smi-xml")
     writer = Store(path)
     try:
         result = import_xml(list(files), writer, node, utc_offset)
@@ -483,9 +510,21 @@ def publish_command(
     )
 
 
+def _seconds(value: float) -> float:
+    """A ``--wait``: a finite number of seconds, zero or more."""
+    if not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"expected seconds, zero or more (got {value!r})")
+    return value
+
+
 #: Options that analyze and report share.
 SinceOption = Annotated[str, typer.Option(help="Window length, ending at the newest sample.")]
-WaitOption = Annotated[float, typer.Option(help="Seconds to wait for an agent to release a store.")]
+WaitOption = Annotated[
+    float,
+    typer.Option(
+        help="Seconds to wait for an agent to release a store.", callback=_seconds
+    ),
+]
 ThresholdsOption = Annotated[
     Path | None,
     typer.Option(
@@ -708,6 +747,8 @@ def report_command(
     if out is not None:
         check_out(out)  # before the analysis, which can take a while
     doc = _analysis(store, since, wait, config, source)
+    if source is None:
+        _attach_plan(doc, store, wait, config)
     if out is None:
         from report.text import render  # noqa: PLC0415
 
@@ -915,6 +956,68 @@ def _job_document(
             raise exc from None
 
 
+@app.command("notify")
+def notify_command(
+    store: Annotated[
+        list[str] | None,
+        typer.Option(help="A store file, directory or glob; repeat it for a fleet."),
+    ] = None,
+    since: SinceOption = "7d",
+    config: Annotated[
+        Path | None,
+        typer.Option(help="TOML file with the [notify] table (and [thresholds]).", exists=False),
+    ] = None,
+    report: Annotated[
+        bool, typer.Option("--report/--no-report", help="Send the weekly report.")
+    ] = True,
+    notices: Annotated[
+        bool,
+        typer.Option("--notices/--no-notices", help="Tell owners about idle or starved GPUs."),
+    ] = True,
+    state: Annotated[
+        Path | None,
+        typer.Option(help="Store that remembers the notices sent (default: the first --store)."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would be sent; send and record nothing.")
+    ] = False,
+    wait: WaitOption = 10.0,
+) -> None:
+    """Send the weekly report by email (HTML with the text form as the alternative) and to a
+    chat webhook (Slack/Teams-compatible JSON), and tell owners about GPUs they hold idle or jobs
+    starved beyond the [notify] thresholds, once per finding (kept in the store).
+
+    Settings, secrets included (from a file or an environment variable, never the command
+    line), come from the [notify] table of --config; see docs/deploy.md.
+
+    \b
+    Examples:
+      aiscope notify --store /var/lib/aiscope --config /etc/aiscope/aiscope.toml --dry-run
+      aiscope notify --store 'fleet/*.duckdb' --config aiscope.toml --state fleet/notify.duckdb
+      aiscope notify --store fleet/ --config aiscope.toml --no-report --since 24h
+    """
+    from agent.config import default_store  # noqa: PLC0415
+    from aiscope import notify  # noqa: PLC0415
+    from analyzer.load import expand, holdings  # noqa: PLC0415
+
+    cfg = notify.load_config(config)
+    stores = store or [str(default_store())]
+    doc = _analysis(stores, since, wait, config)
+    paths = expand(stores)
+    users = {h.tenant: h.user for h in holdings(paths, wait).holdings if h.user}
+    notify.run(
+        cfg,
+        doc,
+        users,
+        state or paths[0],
+        send_report=report,
+        send_notices=notices,
+        dry=dry_run,
+        wait_seconds=wait,
+        say=typer.echo,
+    )
+
+
 def _allocated(node: str | None, gpus: str | None) -> tuple[str, tuple[int, ...]] | None:
     """``--allocated-gpus 0,1,3`` (Slurm's ``$SLURM_JOB_GPUS``) on ``--node`` (this host)."""
     if not gpus:
@@ -993,6 +1096,32 @@ def plan_command(
     typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
 
 
+def _attach_plan(
+    doc: dict[str, Any], store: list[str] | None, wait: float, config: Path | None
+) -> None:
+    """Put the capacity plan under ``doc["plan"]`` when it has a forecast (two weeks of history
+    or more), for the report's capacity outlook; the week's classes come from the analysis."""
+    from agent.config import default_store  # noqa: PLC0415
+    from analyzer.plan import plan, site_from_file  # noqa: PLC0415
+    from report.outlook import has_outlook  # noqa: PLC0415
+
+    classes = {g["uuid"]: g["class"] for g in doc["gpus"]}
+    try:
+        with _progress("planning") as update:
+            result = plan(
+                store or [str(default_store())],
+                timeout=wait,
+                site=site_from_file(config),
+                classes=classes,
+            )
+            update(1.0)
+    except AiscopeError as exc:  # the report stands without its outlook
+        logging.getLogger(__name__).warning("no capacity outlook: %s", exc)
+        return
+    if has_outlook(result):
+        doc["plan"] = result
+
+
 def _plan_document(
     store: list[str] | None,
     horizon: str,
@@ -1034,6 +1163,20 @@ def _progress(label: str) -> Iterator[Callable[[float], None]]:
     with Progress(transient=True) as bar:
         task = bar.add_task(label, total=1.0)
         yield lambda fraction: bar.update(task, completed=fraction)
+
+
+def _write_target(store: Path | None, command: str) -> Path:
+    """The store a simulation or an import writes: ``--store`` only, never the agent's default
+    store (simulated or imported samples mixed into a node's own would be misread as its own)."""
+    if store is None:
+        example = command.rsplit(maxsplit=1)[-1]
+        raise BadInput(
+            f"{command}: --store is required (e.g. --store {example}.duckdb); it never writes "
+            "into the agent's store"
+        )
+    from agent.config import resolve_store  # noqa: PLC0415
+
+    return resolve_store(store)
 
 
 def _fail(message: str, code: int) -> int:

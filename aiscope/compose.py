@@ -30,7 +30,7 @@ from agent.nvml import Nvml
 from agent.sampler import Sampler
 from agent.service import Agent
 from agent.store import Store
-from agent.storefile import StoreError, connect_read_only, table_summary
+from agent.storefile import StoreError, connect_read_only, table_summary, verify
 from aiscope import __version__
 from analyzer.load import EmptyStore, InputError
 from analyzer.thresholds import Thresholds
@@ -154,17 +154,23 @@ def _iso(ts: float | None) -> str | None:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def describe_store(path: Path, wait_seconds: float = 10.0) -> dict[str, Any]:
-    """Schema version and per-table row counts and spans, read while the agent may be writing."""
+def describe_store(
+    path: Path, wait_seconds: float = 10.0, verify_rows: bool = True
+) -> dict[str, Any]:
+    """Schema version and per-table row counts and spans, read while the agent may be writing.
+    With ``verify_rows`` every value of every table is read first, so a damaged store is
+    refused (:class:`agent.storefile.NotAStore`) instead of reported as healthy."""
     con = connect_read_only(path, timeout_seconds=wait_seconds)
     try:
         row = con.execute("SELECT value FROM meta WHERE key = ?", ["schema_version"]).fetchone()
-        tables = table_summary(con)
+        verified = verify(con, path) if verify_rows else None
+        tables = table_summary(con, path)
     finally:
         con.close()
     return {
         "path": str(path),
         "schema_version": int(row[0]) if row else None,
+        "verified_rows": verified,
         "tables": [
             {"table": t, "rows": n, "first": _iso(first), "last": _iso(last)}
             for t, n, first, last in tables

@@ -22,7 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import REPO, query
+
+from tests.conftest import REPO, query
 
 SECONDS = 20.0
 
