@@ -829,7 +829,24 @@ def demo_command(
     for a in s["top_actions"]:
         typer.echo(f"  - {a['action']}: {a['gpu_hours']:,.0f} GPU-hours")
     _echo_costs(doc)
+    _echo_traces()
     typer.echo(f"open {(out / 'report.html').resolve()}  ({time.monotonic() - started:.0f} s)")
+
+
+def _echo_traces() -> None:
+    """Which traces drove the demo: with stand-ins its numbers differ from the README's."""
+    from sim import traces  # noqa: PLC0415
+
+    used = traces.used()
+    stand_ins = [what for what, source in used if source.startswith("parametric")]
+    described = "; ".join(f"{what}: {source}" for what, source in used)
+    if stand_ins:
+        typer.echo(
+            f"traces: stand-ins for {', '.join(stand_ins)} (no ../shared/data or $AISCOPE_DATA; "
+            f"numbers differ from the README's): {described}"
+        )
+    else:
+        typer.echo(f"traces: {described}")
 
 
 DEMO_INTERVAL_SECONDS = 300.0

@@ -27,7 +27,7 @@ from datetime import datetime
 from functools import cache
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[1]  # the repository (sim/ is one level down)
 
 
 def data_root() -> Path | None:
@@ -194,3 +194,13 @@ def _alibaba(path: Path) -> StepTimes:
     median = medians[len(medians) // 2]
     workers = tuple(tuple(v / median for v in per_worker[w]) for w in sorted(per_worker))
     return StepTimes(workers, f"alibaba-v2020 ({path.name})")
+
+
+def used() -> list[tuple[str, str]]:
+    """(what, source) of each trace the workloads draw on: the real file's name, or the
+    parametric stand-in used because ``../shared/data`` (or ``$AISCOPE_DATA``) is absent."""
+    return [
+        ("request bursts", arrivals().source),
+        ("daily cycle", diurnal().source),
+        ("step times", step_times(2).source),
+    ]
