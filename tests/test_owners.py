@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent.schema import Device, GpuSample, Process, ProcessSample
 from agent.store import Store
@@ -479,3 +481,23 @@ def test_mig_instances_cost_their_slices_and_the_bill_is_the_physical_gpus(
     assert sum(o["cost"] for o in doc["owners"]) == pytest.approx(doc["bill"]["cost"], abs=0.05)
     unowned = _by_owner(doc)[UNOWNED]
     assert any("MIG compute slices no instance holds" in e for e in unowned["evidence"])
+
+
+_readings = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.floats(0, 200 * GIB)),
+        st.one_of(st.none(), st.floats(0, 1)),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@given(_readings)
+def test_a_split_always_hands_out_the_whole_interval(readings: list[tuple[Any, Any]]) -> None:
+    present = tuple(_tb(f"t{i}", m, s) for i, (m, s) in enumerate(readings))
+    shares = split(present)
+    assert [n for n, _, _ in shares] == [tb.tenant for tb in present]
+    assert all(share >= 0 for _, share, _ in shares)
+    assert sum(share for _, share, _ in shares) == pytest.approx(1.0)
+    assert len({basis for _, _, basis in shares}) == 1  # one measure for the whole interval
