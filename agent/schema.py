@@ -280,6 +280,27 @@ class GpuAnalysis:
     holder: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class NoticeSent:
+    """An owner notice ``aiscope notify`` sent: one row per finding and recipient, so a finding
+    is told once. Bookkeeping, not telemetry: the table is created by the first notice
+    (``Store(extra_records=(NoticeSent,))``), so stores that never notified lack it."""
+
+    TABLE: ClassVar[str] = "notices_sent"
+    KEY: ClassVar[tuple[str, ...]] = ("finding_id", "recipient")
+
+    finding_id: str
+    kind: str
+    subject: str  # the workload told about: 'slurm job 41009', 'pod ns/name'
+    node: str
+    uuid: str
+    start_ts: float
+    end_ts: float
+    recipient: str
+    channel: str  # email | webhook
+    sent_ts: float
+
+
 SAMPLE_RECORDS: tuple[type[Any], ...] = (
     GpuSample,
     ProcessSample,

@@ -133,6 +133,17 @@ def agent_run(
             "name or a .toml path)."
         ),
     ] = None,
+    publish: Annotated[
+        str | None,
+        typer.Option(
+            metavar="LOCATION",
+            help="Publish closed intervals as Parquet segments to this directory or "
+            "s3://, gs://, az:// URL ($AISCOPE_PUBLISH, [publish] to).",
+        ),
+    ] = None,
+    publish_interval: Annotated[
+        float | None, typer.Option(help="Seconds between publish runs (300).")
+    ] = None,
 ) -> None:
     """Run the agent in the foreground: sample GPUs and host into the store, serve /metrics.
 
@@ -146,6 +157,7 @@ def agent_run(
       aiscope agent run --simulate demo --node gpu-node-03 --duration 120
       aiscope agent run --virtual-gpus 4 --dcgm-compat --duration 30
       AISCOPE_INTERVAL=0.5 aiscope agent run --config /etc/aiscope/agent.toml
+      aiscope agent run --store /var/lib/aiscope --publish s3://telemetry/aiscope
     """
     from agent.config import load_config  # noqa: PLC0415
 
@@ -158,6 +170,8 @@ def agent_run(
         "node": node,
         "duration": duration,
         "dcgm_compat": dcgm_compat,
+        "publish": publish,
+        "publish_interval": publish_interval,
     }
     cfg = load_config(flags, config_file=config)
     from agent import service  # noqa: PLC0415
