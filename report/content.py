@@ -291,11 +291,11 @@ def bill_line(doc: dict[str, Any]) -> str | None:
     energy = (
         ""
         if b["energy_cost"] is None
-        else f" + energy {money(b['energy_cost'], doc)} ({b['energy_kwh']:,.0f} kWh)"
+        else f" and energy {money(b['energy_cost'], doc)} ({b['energy_kwh']:,.0f} kWh)"
     )
     return (
-        f"Cost {money(b['cost'], doc)} (GPU-hours {money(b['gpu_cost'], doc)}{energy}); "
-        f"idle and unowned {money(w['idle_unowned'], doc)}, idle-held "
+        f"Cost {money(b['cost'], doc)}: GPU-hours {money(b['gpu_cost'], doc)}{energy}; "
+        f"of it idle and unowned {money(w['idle_unowned'], doc)}, idle-held "
         f"{money(w['idle_held'], doc)}, starved {money(w['starved'], doc)}."
     )
 
