@@ -140,15 +140,18 @@ def plan(
     timeout: float = 10.0,
     thresholds: Thresholds | None = None,
     site: Site | None = None,
+    classes: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The ``aiscope.plan/1`` document of the stores."""
+    """The ``aiscope.plan/1`` document of the stores. ``classes`` (``uuid`` -> class over the
+    newest week) saves classifying again when the caller has just analyzed that week."""
     horizon_seconds = parse_horizon(horizon)
     since_seconds = parse_horizon(since, "--since") if since else None
     site = site or Site()
     paths = expand(stores)
     hist = history(paths, since_seconds, timeout)
-    data = load(paths, min(WEEK, hist.end - hist.start), timeout=timeout)
-    classes = {v.info.uuid: v.gpu_class for v in classify(data, thresholds)}
+    if classes is None:
+        data = load(paths, min(WEEK, hist.end - hist.start), timeout=timeout)
+        classes = {v.info.uuid: v.gpu_class for v in classify(data, thresholds)}
     return build(hist, classes, horizon_seconds, site, [str(p) for p in paths])
 
 

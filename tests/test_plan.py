@@ -1,0 +1,260 @@
+"""aiscope plan: on five simulated weeks of an inference service growing 8 % a week, the plan
+finds the growth and the week its p99 demand passes the pool, as the scenario's own model says;
+too little history is not_enough_data; the JSON has the contract's shape; the report shows the
+outlook."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analyzer.forecast import quantile
+from analyzer.plan import Site, parse_horizon, site_from_mapping
+from sim.engine import build_workloads
+from sim.scenario import ScenarioError
+from sim.scenario import load as load_scenario
+from sim.workloads import Inference
+from tests.conftest import run_aiscope
+
+GROWTH = 0.08
+DAYS = 35
+TARGET = 0.70  # the reservation's target utilization, the plan's default
+SCENARIO = """
+name = "growing-inference"
+description = "An online-inference service whose demand grows week over week, beside training."
+start = "2026-09-07T00:00:00Z"
+days = 35
+interval_seconds = 600
+seed = 5
+
+[[nodes]]
+name = "gpu-node-01"
+gpu = "H100-80GB"
+gpus = 4
+cpus = 32
+
+[[workloads]]
+name = "chat-api"
+kind = "inference"
+node = "gpu-node-01"
+gpus = [0, 1, 2]
+[workloads.params]
+rps = 12.0
+capacity_rps = 24.0
+
+[[workloads]]
+name = "pretrain"
+kind = "training"
+node = "gpu-node-01"
+gpus = [3]
+"""
+
+
+@pytest.fixture(scope="module")
+def scenario_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("plan") / "growing.toml"
+    path.write_text(SCENARIO)
+    return path
+
+
+@pytest.fixture(scope="module")
+def growing_store(scenario_file: Path) -> Path:
+    """Five weeks of the scenario with --growth 0.08 (the flag over the file's 0)."""
+    store = scenario_file.parent / "growing.duckdb"
+    result = run_aiscope(
+        "simulate", str(scenario_file), "--store", str(store), "--growth", str(GROWTH), timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return store
+
+
+@pytest.fixture(scope="module")
+def plan_doc(growing_store: Path) -> dict[str, Any]:
+    result = run_aiscope("plan", "--store", str(growing_store), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def _ts(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def true_saturation(scenario_file: Path, horizon_start: float, capacity: int) -> float | None:
+    """From the scenario's own model: the first week (aligned to the plan's horizon) whose p99
+    of hourly inference demand, in GPU-equivalents, exceeds ``capacity``."""
+    spec = dataclasses.replace(load_scenario(str(scenario_file)), growth_per_week=GROWTH)
+    service = next(w for w in build_workloads(spec, spec.seed) if isinstance(w, Inference))
+    t0 = horizon_start - spec.start_epoch
+    for week in range(12):
+        hours = []
+        for h in range(168):
+            start = t0 + (week * 168 + h) * 3600
+            busy = [
+                sum(
+                    min(1.0, service.load(start + m, r) / service.p.capacity_rps) * 0.97
+                    for r in range(service.replicas())
+                )
+                for m in range(0, 3600, 600)
+            ]
+            hours.append(sum(busy) / len(busy) / TARGET)
+        if quantile(hours, 0.99) > capacity:
+            return horizon_start + week * 7 * 86400
+    return None
+
+
+def test_growth_and_saturation_match_the_scenario(
+    plan_doc: dict[str, Any], scenario_file: Path
+) -> None:
+    pools = {p["pool"]: p for p in plan_doc["pools"]}
+    inference = pools["inference"]
+    assert inference["capacity_gpus"] == 3
+    assert inference["not_enough_data"] is None
+    assert abs(inference["growth_per_week"] - GROWTH) <= 0.2 * GROWTH
+    truth = true_saturation(scenario_file, _ts(plan_doc["horizon"]["start"]), 3)
+    assert truth is not None, "the scenario saturates within 12 weeks"
+    assert inference["saturation"] is not None
+    assert abs(_ts(inference["saturation"]) - truth) <= 7 * 86400
+    # The forecast is given with the error its backtest showed.
+    bt = inference["backtest"]
+    assert bt["mase"] is not None and bt["mase"] < 1.0  # growth beats last week's copy
+    assert 0.0 <= bt["coverage"] <= 1.0 and bt["origins"] >= 3
+    # Training holds its one GPU, flat: it does not saturate.
+    assert pools["training"]["saturation"] is None
+    assert abs(pools["training"]["growth_per_week"]) < 0.02
+
+
+def test_purchase_in_whole_nodes_with_measured_power(plan_doc: dict[str, Any]) -> None:
+    (buy,) = [b for b in plan_doc["purchases"] if b["pool"] == "inference"]
+    node = plan_doc["node"]
+    assert node["gpus"] == 4  # the store's node shape
+    assert buy["by"] == next(p for p in plan_doc["pools"] if p["pool"] == "inference")["saturation"]
+    assert buy["nodes"] >= 1 and buy["gpus"] == buy["nodes"] * 4
+    assert buy["gpus"] >= buy["gpus_needed"] >= 1
+    # Per-node draw is the fleet's measured p95, not the 4 x 700 W nameplate.
+    assert 0 < node["kw"] < 4 * 0.7
+    assert buy["kw"] == pytest.approx(buy["nodes"] * node["kw"], abs=0.05)
+    per_kw = {c["class"]: c["busy_gpus_per_kw"] for c in plan_doc["classes"]}
+    assert per_kw["inference"] > 0 and per_kw["training"] > 0
+
+
+def test_json_shape_is_the_contract(plan_doc: dict[str, Any]) -> None:
+    assert plan_doc["schema"] == "aiscope.plan/1"
+    assert {"history", "horizon", "pools", "purchases"} <= plan_doc.keys()
+    assert _ts(plan_doc["horizon"]["end"]) - _ts(plan_doc["horizon"]["start"]) == 12 * 7 * 86400
+    assert plan_doc["history"]["end"] == plan_doc["horizon"]["start"]
+    keys = {"pool", "capacity_gpus", "demand_p99_gpus", "growth_per_week", "saturation"}
+    keys |= {"forecast", "backtest", "not_enough_data"}
+    for pool in plan_doc["pools"]:
+        assert keys <= pool.keys()
+        assert len(pool["forecast"]) == 12
+        for week in pool["forecast"]:
+            assert {"week", "p50", "low", "high"} <= week.keys()
+            assert week["low"] <= week["p50"] <= week["high"]
+    for buy in plan_doc["purchases"]:
+        assert {"by", "pool", "gpus", "nodes", "kw"} <= buy.keys()
+
+
+def test_horizon_and_text_form(growing_store: Path) -> None:
+    result = run_aiscope("plan", "--store", str(growing_store), "--horizon", "4w")
+    assert result.returncode == 0, result.stderr
+    assert "saturates" in result.stdout and "inference" in result.stdout
+    short = run_aiscope(
+        "plan", "--store", str(growing_store), "--horizon", "4w", "--format", "json"
+    )
+    doc = json.loads(short.stdout)
+    assert all(len(p["forecast"]) == 4 for p in doc["pools"])
+
+
+def test_too_little_history_is_not_enough_data(inference_day_store: Path) -> None:
+    result = run_aiscope("plan", "--store", str(inference_day_store), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["pools"], "the inference pool is still listed"
+    for pool in doc["pools"]:
+        assert pool["not_enough_data"] and "14 days" in pool["not_enough_data"]
+        assert pool["forecast"] == [] and pool["saturation"] is None
+        assert pool["backtest"] is None
+    assert doc["purchases"] == []
+
+
+def test_since_shortens_the_history(growing_store: Path) -> None:
+    result = run_aiscope(
+        "plan", "--store", str(growing_store), "--since", "10d", "--format", "json"
+    )
+    doc = json.loads(result.stdout)
+    assert all(p["not_enough_data"] for p in doc["pools"])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--horizon", "12x"), "--horizon"),
+        (("--horizon", "0w"), "--horizon"),
+        (("--since", "soon"), "--since"),
+        (("--format", "yaml"), "--format"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(
+    inference_day_store: Path, args: tuple[str, ...], needle: str
+) -> None:
+    result = run_aiscope("plan", "--store", str(inference_day_store), *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aiscope:") and needle in lines[0]
+
+
+def test_site_settings(tmp_path: Path, growing_store: Path) -> None:
+    site = site_from_mapping({"rack_kw": 2.0, "nodes_per_rack": 8, "gpus_per_node": 2})
+    assert site == Site(rack_kw=2.0, nodes_per_rack=8, gpus_per_node=2)
+    config = tmp_path / "aiscope.toml"
+    config.write_text("[site]\nrack_kw = 1.5\nnodes_per_rack = 4\ngpus_per_node = 2\n")
+    result = run_aiscope(
+        "plan", "--store", str(growing_store), "--config", str(config), "--format", "json"
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    (buy,) = doc["purchases"]
+    assert buy["gpus"] == buy["nodes"] * 2
+    per_rack = max(1, min(4, int(1.5 // doc["node"]["kw"])))  # the power budget binds first
+    assert buy["racks"] == -(-buy["nodes"] // per_rack)
+    config.write_text("[site]\nrack_kilowatts = 40\n")
+    bad = run_aiscope("plan", "--store", str(growing_store), "--config", str(config))
+    assert bad.returncode == 2 and "rack_kilowatts" in bad.stderr
+
+
+def test_horizon_parser() -> None:
+    assert parse_horizon("12w") == 12 * 7 * 86400
+    assert parse_horizon("36h") == 36 * 3600
+
+
+def test_scenario_growth_setting(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text(SCENARIO.replace("seed = 5", "seed = 5\ngrowth_per_week = 0.05"))
+    assert load_scenario(str(path)).growth_per_week == 0.05
+    path.write_text(SCENARIO.replace("seed = 5", "seed = 5\ngrowth_per_week = -1.5"))
+    with pytest.raises(ScenarioError, match="growth_per_week"):
+        load_scenario(str(path))
+
+
+def test_report_has_the_capacity_outlook(tmp_path: Path, growing_store: Path) -> None:
+    from report.html import render as render_html
+    from report.markdown import render as render_markdown
+
+    out = tmp_path / "analysis.json"
+    result = run_aiscope("report", "--store", str(growing_store), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "aiscope.analysis/1"
+    assert doc["plan"]["schema"] == "aiscope.plan/1"  # the CLI composed the plan in
+    text = render_markdown(doc)
+    assert "## Capacity outlook" in text and "Buy 1 node(s)" in text
+    page = render_html(doc)
+    assert 'id="outlook"' in page and "<polygon" in page and "capacity" in page
+    del doc["plan"]
+    assert "Capacity outlook" not in render_markdown(doc)
