@@ -143,6 +143,21 @@ def test_reservations_from_a_simulated_week(serving: dict) -> None:
     assert all(g % 2 == 0 for g in chat["schedule"]["gpus"])  # whole TP=2 replicas
 
 
+def test_reservation_replay_scores_after_its_fitting_window(serving: dict) -> None:
+    """Issue 18: the replay is forward (fit before, score after) and the evidence carries the
+    growth used and last week's p99 beside the peak baseline."""
+    reservations = [r for r in serving["recommendations"] if r["kind"] == "reservation"]
+    assert reservations
+    for r in reservations:
+        w = r["replay_window"]
+        assert w["fit_start"] < w["fit_end"] <= w["score_start"] < w["score_end"]
+        assert {"recommended", "last_week_p99", "peak", "mean"} <= set(r["replay"])
+        assert r["growth"]["used_per_week_ratio"] >= 0 and r["headroom_ratio"] >= 0
+        assert any(e.startswith("growth: ") for e in r["evidence"])
+        assert any("outside the fitting window" in e for e in r["evidence"])
+        assert r["gpus"] >= max(r["schedule"]["gpus"])
+
+
 def test_split_pools_add_up_and_carry_a_policy(serving: dict) -> None:
     (split,) = [r for r in serving["recommendations"] if r["kind"] == "split"]
     assert sum(split["pools"].values()) == len(serving["gpus"])

@@ -35,8 +35,9 @@ DAY = 86400
 WEEK = 7 * DAY
 #: Slots are numbered from Monday 00:00 UTC: epoch 0 was a Thursday.
 MONDAY_OFFSET = 4 * DAY
-#: A day counts toward the trend when at least this share of its intervals were seen.
-MIN_DAY_COVERAGE = 0.5
+#: A day counts toward the trend when at least this share of its intervals were seen: a
+#: partial day's mean is biased by the hours it holds (half a diurnal cycle read as a decline).
+MIN_DAY_COVERAGE = 0.9
 #: Fewer fitted days than this and the trend is taken as flat (two points give no error).
 MIN_TREND_DAYS = 3
 #: The most growth a trend is extrapolated with, per week: a service that ramped up from

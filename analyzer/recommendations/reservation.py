@@ -19,9 +19,11 @@ Method:
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from analyzer.recommendations import (
     Inputs,
@@ -133,6 +135,8 @@ class ForwardFit:
     headroom_ratio: float
     #: The peak-based baseline: the fitting window's peak, in whole replicas.
     peak_gpus: int
+    #: The most any hour may reserve: the peak, raised by significant growth to the horizon.
+    ceiling_gpus: int
     #: Slots the forecast put above the peak baseline and were held at it (growth not
     #: significant), and slots left above it because the growth is.
     capped_slots: int
@@ -172,7 +176,7 @@ def fit_forward(
     above = sum(1 for v in values if _round_up(v, step) > peak)
     gpus = tuple(_round_up(v, step) for v in values)
     schedule = Schedule(period, 3600, gpus)
-    return ForwardFit(schedule, forecast, backtest, headroom, peak, capped, above)
+    return ForwardFit(schedule, forecast, backtest, headroom, peak, ceiling, capped, above)
 
 
 def _key(t: float, period_seconds: int) -> int:
@@ -203,6 +207,154 @@ def replay(
         reserved += r * step_s / 3600.0
     n = max(len(times), 1)
     return Replay(under / n, idle, reserved, n * step_s / 3600.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardWindow:
+    """The replay's split: fit on ``[fit_start, score_start)``, score ``[score_start,
+    score_end)``, which lies wholly after the fitting window (issue 18: fit on weeks up to k,
+    score week k+1). ``fit_count`` samples are fitted."""
+
+    fit_start: float
+    score_start: float
+    score_end: float
+    fit_count: int
+
+    @property
+    def horizon(self) -> tuple[float, float]:
+        return (self.score_start, self.score_end)
+
+    def describe(self) -> str:
+        fit_days = (self.score_start - self.fit_start) / DAY
+        score_days = (self.score_end - self.score_start) / DAY
+        scored = (
+            "the week after it" if score_days >= 7 - 1e-6 else f"the {score_days:.1f} days after it"
+        )
+        return (
+            f"fit on {_day(self.fit_start)} to {_day(self.score_start)} ({fit_days:.1f} days), "
+            f"scored on {scored}, outside the fitting window"
+        )
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "fit_start": _iso(self.fit_start),
+            "fit_end": _iso(self.score_start),
+            "score_start": _iso(self.score_start),
+            "score_end": _iso(self.score_end),
+        }
+
+
+def forward_window(times: Sequence[float], step: float, min_fit_days: float) -> ForwardWindow:
+    """Score the last week when at least ``min_fit_days`` come before it; with less history,
+    the last third (still after everything fitted)."""
+    end = times[-1] + step
+    span = end - times[0]
+    cut = end - WEEK if span - WEEK >= min_fit_days * DAY else times[0] + span * 2 / 3
+    k = next(i for i, t in enumerate(times) if t >= cut)
+    return ForwardWindow(times[0], times[k], end, k)
+
+
+def _day(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _growth_phrase(forward: ForwardFit) -> str:
+    growth = forward.forecast.trend.growth_per_week_ratio
+    return f" at its growth of {growth:.0%} a week" if growth >= 0.005 else ""
+
+
+def _forward_evidence(forward: ForwardFit) -> tuple[str, ...]:
+    """Why the schedule is what it is: the growth used, the headroom and the peak's ceiling."""
+    trend = forward.forecast.trend
+    if trend.days == 0:
+        growth = "trend: too few days to fit one, taken as flat"
+    else:
+        lo, hi = trend.growth_interval(0.9)
+        fitted = trend.fitted_growth_per_week_ratio
+        why = (
+            "a decline is not followed"
+            if fitted <= 0
+            else "shrunk toward none by its uncertainty"
+            if trend.kept < 1 and trend.growth_per_week_ratio < fitted
+            else "bounded"
+            if trend.growth_per_week_ratio < fitted
+            else "as fitted"
+        )
+        growth = (
+            f"growth: {fitted:+.1%} a week fitted on {trend.days} daily means (90% interval "
+            f"{lo:+.1%} to {hi:+.1%}"
+            + (", day-of-week effects removed" if trend.weekday_effects else "")
+            + f"); {trend.growth_per_week_ratio:+.1%} a week used ({why})"
+        )
+    bt = forward.backtest
+    headroom = (
+        f"headroom +{forward.headroom_ratio:.0%} from a rolling backtest inside the fitting "
+        f"window ({_count(bt.origins, 'origin')}, {bt.intervals} intervals; without it the "
+        "forecast was "
+        f"short in {bt.under_ratio:.1%} of them)"
+        if bt
+        else f"headroom +{forward.headroom_ratio:.0%} (the default: too short for a backtest)"
+    )
+    out = [growth, headroom]
+    if forward.above_peak_slots:
+        out.append(
+            f"{forward.above_peak_slots} hours reserve more than the window's peak "
+            f"({forward.peak_gpus} GPUs), up to {forward.ceiling_gpus}: the growth is "
+            "significant and the peak will not cover the coming week"
+        )
+    if forward.capped_slots:
+        out.append(
+            f"{forward.capped_slots} hours held at {forward.ceiling_gpus} GPUs (the window's "
+            "peak"
+            + (", grown" if forward.ceiling_gpus > forward.peak_gpus else "")
+            + "): the forecast's bound was above it"
+        )
+    return tuple(out)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _last_week_sentence(scores: dict[str, Replay]) -> str:
+    old, peak = scores["last_week_p99"], scores["peak"]
+    cost = old.reserved_gpu_hours / peak.reserved_gpu_hours if peak.reserved_gpu_hours else 0.0
+    return (
+        f"last week's p99 by hour (the schedule without a forecast) on the same replay: "
+        f"{old.under_ratio:.1%} under, {cost:.2f} of the peak's GPU-hours"
+    )
+
+
+def _forward_details(
+    forward: ForwardFit, window: ForwardWindow, validated: ForwardFit
+) -> tuple[tuple[str, Any], ...]:
+    trend = forward.forecast.trend
+    lo, hi = trend.growth_interval(0.9)
+    growth = {
+        "used_per_week_ratio": trend.growth_per_week_ratio,
+        "fitted_per_week_ratio": trend.fitted_growth_per_week_ratio if trend.days else None,
+        "interval_90": [lo, hi] if trend.days else None,
+        "significant": trend.significant_growth,
+        "days": trend.days,
+    }
+    bt = forward.backtest
+    return (
+        ("growth", growth),
+        ("headroom_ratio", forward.headroom_ratio),
+        (
+            "backtest",
+            {"origins": bt.origins, "intervals": bt.intervals, "under_ratio": bt.under_ratio}
+            if bt
+            else None,
+        ),
+        ("peak_baseline_gpus", forward.peak_gpus),
+        ("replay_window", window.to_json()),
+        ("replay_growth_per_week_ratio", validated.forecast.trend.growth_per_week_ratio),
+    )
 
 
 @register
@@ -241,38 +393,47 @@ class ReservationStrategy:
         if len(times) < s.min_points:
             return None
         step = data.bucket_seconds
-        split_at = times[0] + (times[-1] - times[0]) * 2 / 3
-        fit_t = [t for t in times if t < split_at]
-        fit_d = demand[: len(fit_t)]
-        test_t, test_d = times[len(fit_t) :], demand[len(fit_t) :]
-        period = period_for(split_at - times[0])
-        validated = fit(fit_t, fit_d, s, period, service.tp)
+        window = forward_window(times, step, s.min_history_days)
+        k = window.fit_count
+        fit_t, fit_d, test_t, test_d = times[:k], demand[:k], times[k:], demand[k:]
+        validated = fit_forward(fit_t, fit_d, s, window.horizon, service.tp)
+        last_week = fit(fit_t, fit_d, s, period_for(fit_t[-1] - fit_t[0]), service.tp)
         peak = flat(max(fit_d), service.tp)
         average = flat(mean(fit_d), service.tp)
         scores = {
             name: replay(x, test_t, test_d, step)
-            for name, x in (("recommended", validated), ("peak", peak), ("mean", average))
+            for name, x in (
+                ("recommended", validated.schedule),
+                ("last_week_p99", last_week),
+                ("peak", peak),
+                ("mean", average),
+            )
         }
-        final = fit(times, demand, s, period, service.tp)
+        coming = (times[-1] + step, times[-1] + step + WEEK)
+        forward = fit_forward(times, demand, s, coming, service.tp)
+        final = forward.schedule
         spare = max(service.nodes.values()) if s.n_plus_one else 0
         spare = _round_up(min(spare, final.peak), service.tp) if spare else 0
         cold = cold_start_seconds(data, service)
         warm = cold is not None and cold > s.max_cold_start_seconds
-        rec = self._recommendation(service, final, spare, scores, cold, warm, period, inputs)
+        rec = self._recommendation(service, spare, scores, cold, warm, forward, window, inputs)
+        rec = replace(rec, details=(*rec.details, *_forward_details(forward, window, validated)))
         return replace(rec, details=(*rec.details, ("demand_by_hour", _profile(times, demand))))
 
     def _recommendation(
         self,
         service: Service,
-        schedule: Schedule,
         spare: int,
         scores: dict[str, Replay],
         cold: float | None,
         warm: bool,
-        period: int,
+        forward: ForwardFit,
+        window: ForwardWindow,
         inputs: Inputs,
     ) -> Recommendation:
         s = self.settings
+        schedule = forward.schedule
+        period = schedule.period_seconds
         total = schedule.peak + spare
         current = len(service.gpus)
         rec, peak, average = scores["recommended"], scores["peak"], scores["mean"]
@@ -281,7 +442,9 @@ class ReservationStrategy:
         pct = round(s.quantile * 100)
         summary = (
             f"Reserve {total} GPUs for {service.name} (p{pct} of demand at "
-            f"{s.target_util:.0%} target utilization, +{s.headroom_ratio:.0%} headroom"
+            f"{s.target_util:.0%} target utilization forecast for the coming week"
+            + _growth_phrase(forward)
+            + f", +{forward.headroom_ratio:.0%} headroom"
             + (f", +{spare} for a node failure" if spare else "")
             + f"); by {granularity} it needs {lo}-{hi}, so {schedule.peak - lo} can lend to "
             f"batch off-peak. It holds {current} today."
@@ -292,9 +455,11 @@ class ReservationStrategy:
         evidence = (
             f"{service.name}: {current} GPUs on {len(service.nodes)} node(s)"
             + (f", {service.tp} per replica (tensor parallel)" if service.tp > 1 else ""),
-            f"replay (fit on the first 2/3 of {inputs.history_days:.1f} days, scored on the rest): "
-            f"demand exceeded the reservation in {rec.under_ratio:.1%} of intervals, "
-            f"{rec.idle_gpu_hours:.0f} GPU-hours reserved but idle",
+            f"forward replay ({window.describe()}): demand exceeded the reservation in "
+            f"{rec.under_ratio:.1%} of intervals, {rec.idle_gpu_hours:.0f} GPU-hours reserved "
+            "but idle",
+            _last_week_sentence(scores),
+            *_forward_evidence(forward),
             f"baselines on the same replay: peak provisioning ({_gpus(peak):.0f} GPUs) "
             f"{peak.under_ratio:.1%} under, {peak.idle_gpu_hours:.0f} idle GPU-hours; "
             f"mean provisioning {average.under_ratio:.1%} under, {average.idle_gpu_hours:.0f} "
