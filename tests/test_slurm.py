@@ -52,7 +52,8 @@ esac
 SACCT = r"""#!/usr/bin/env bash
 # sacct --noheader --parsable2 --allocations --jobs ID --format AdminComment
 echo "sacct $*" >> "$FAKE_SLURM/calls"
-job="$6"
+job=""
+while [ $# -gt 0 ]; do [ "$1" = --jobs ] && job="$2"; shift; done
 [ -e "$FAKE_SLURM/$job.db" ] && cat "$FAKE_SLURM/$job.db" && echo
 exit 0
 """
