@@ -413,8 +413,16 @@ def _fetch(
 ) -> FleetData:
     every = _distinct_indexes(
         [
-            GpuInfo(node, uuid, -1 if index is None else int(index), name, total, limit, *mig)
-            for node, uuid, index, name, total, limit, *mig in con.execute(
+            GpuInfo(
+                node,
+                uuid,
+                -1 if index is None else int(index),
+                name,
+                total,
+                limit,
+                *mig.identity(uuid, name, *instance),
+            )
+            for node, uuid, index, name, total, limit, *instance in con.execute(
                 "SELECT b.node, b.uuid, coalesce(d.gpu_index, b.idx), d.name, d.total, "
                 "d.power_limit, d.parent, d.profile, d.gi FROM (SELECT node, uuid, min(idx) AS idx "
                 "FROM buckets GROUP BY ALL) b LEFT JOIN devices d USING (node, uuid) "

@@ -39,6 +39,24 @@ IDLE_MARGIN_RATIO = 0.02
 #: An instance holds its memory from this share of it on (the classifier's own rule is finer).
 HELD_RATIO = 0.02
 _SLICES = re.compile(r"^(\d+)g\.")
+#: How imports name an instance they cannot ask the driver about: ``<parent UUID>/gi<N>``
+#: (``import dcgm``, ``import nvidia-smi-xml``, ``--prometheus``), and NVML's device name.
+_IMPORTED = re.compile(r"^(?P<parent>.+)/gi(?P<gi>\d+)$")
+_NAMED = re.compile(r"\bMIG\s+(?P<profile>\d+g\.\d+gb)", re.IGNORECASE)
+
+
+def identity(
+    uuid: str, name: str | None, parent: str | None, profile: str | None, gi: int | None
+) -> tuple[str | None, str | None, int | None]:
+    """(parent uuid, profile, GPU-instance id) of a device: the store's MIG columns, else what
+    an imported instance's uuid and name say; ``(None, None, None)`` for a whole GPU."""
+    imported = _IMPORTED.match(uuid)
+    if parent is None and imported is not None:
+        parent, gi = imported.group("parent"), int(imported.group("gi"))
+    if parent is None:
+        return None, None, None
+    named = _NAMED.search(name or "")
+    return parent, profile or (named.group("profile").lower() if named else None), gi
 
 
 def slices(profile: str | None) -> int | None:

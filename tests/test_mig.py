@@ -446,3 +446,20 @@ def test_a_v1_store_is_migrated_when_opened_for_writing(tmp_path) -> None:
         ("GPU-1", None, None)
     ]
     assert query(path, "SELECT count(*) FROM gpu_samples") == [(41,)]  # nothing lost
+
+
+def test_imported_mig_instances_are_analyzed_as_instances(tmp_path) -> None:
+    """``import dcgm`` stores an instance as ``<parent UUID>/gi<N>`` without the MIG columns:
+    the analyzer reads the same identity from the uuid and the name."""
+    store = tmp_path / "s.duckdb"
+    capture = FIXTURES / "captures" / "dcgm-mig-pods.prom"
+    result = run_aiscope("import", "dcgm", str(capture), "--store", str(store), "--node", "n12")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(run_aiscope("analyze", "--store", str(store), "--format", "json").stdout)
+    mig = {g["uuid"]: g["mig"] for g in doc["gpus"] if "mig" in g}
+    parent = "GPU-cccccccc-2222-2222-2222-222222222222"
+    assert mig == {
+        f"{parent}/gi1": {"parent_uuid": parent, "profile": "3g.40gb", "gpu_instance_id": 1},
+        f"{parent}/gi9": {"parent_uuid": parent, "profile": "1g.10gb", "gpu_instance_id": 9},
+    }
+    assert parent not in {g["uuid"] for g in doc["gpus"]}
