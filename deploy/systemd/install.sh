@@ -34,6 +34,17 @@ raw_retention_days = 14
 
 [thresholds]
 idle_held_window_seconds = 3600
+# Owners and prices for owners[] and the report's costs (README: "Owners and money"):
+# [owners.teams]
+# vision = ["user:alice", "namespace:cv-*", "account:cv"]
+# [owners.accounts]
+# cv = ["alice"]
+# [prices]
+# currency = "USD"
+# gpu_hour = 2.50
+# kwh = 0.12
+# [prices.models]
+# "H100" = 4.00
 TOML
 fi
 
