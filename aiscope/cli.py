@@ -1012,6 +1012,10 @@ def notify_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what would be sent; send and record nothing.")
     ] = False,
+    notify_config: Annotated[
+        Path | None,
+        typer.Option(help="TOML file with the [notify] table, when not --config (a secret)."),
+    ] = None,
     wait: WaitOption = 10.0,
 ) -> None:
     """Send the weekly report by email (HTML with the text form as the alternative) and to a
@@ -1026,12 +1030,13 @@ def notify_command(
       aiscope notify --store /var/lib/aiscope --config /etc/aiscope/aiscope.toml --dry-run
       aiscope notify --store 'fleet/*.duckdb' --config aiscope.toml --state fleet/notify.duckdb
       aiscope notify --store fleet/ --config aiscope.toml --no-report --since 24h
+      aiscope notify --store fleet/ --notify-config /run/secrets/aiscope-notify/notify.toml
     """
     from agent.config import default_store  # noqa: PLC0415
     from aiscope import notify  # noqa: PLC0415
     from analyzer.load import expand, holdings  # noqa: PLC0415
 
-    cfg = notify.load_config(config)
+    cfg = notify.load_config(notify_config or config)
     stores = store or [str(default_store())]
     doc = _analysis(stores, since, wait, config)
     paths = expand(stores)

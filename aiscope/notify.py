@@ -515,6 +515,8 @@ def record_sent(path: Path, rows: list[NoticeSent], wait_seconds: float = 10.0) 
 def sent_before(path: Path, wait_seconds: float = 10.0) -> list[NoticeSent]:
     from agent.storefile import read_records  # noqa: PLC0415
 
+    if not path.exists():  # a --state store of its own, before its first notice
+        return []
     rows: list[NoticeSent] = read_records(path, NoticeSent, wait_seconds)
     return rows
 

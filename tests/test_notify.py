@@ -284,3 +284,37 @@ def test_a_finding_that_goes_on_is_the_one_told_and_a_new_stretch_is_not() -> No
     assert [n.user for n in picked] == ["bo"] * 3
     assert "DataLoader" in picked[0].fix
     assert choose({"findings": starved[:2]}, {}, rules) == []
+
+
+def test_deploy_files_carry_notify_as_a_secret_and_use_real_flags() -> None:
+    import yaml
+
+    deploy = REPO / "deploy"
+    help_text = run_aiscope("notify", "--help").stdout
+    cron = yaml.safe_load((deploy / "kubernetes" / "notify-cronjob.yaml").read_text())
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    command = " ".join(pod["containers"][0]["args"])
+    flags = {w.rstrip(";") for w in command.replace("=", " ").split() if w.startswith("--")}
+    assert flags and all(f in help_text for f in flags), flags
+    assert {"name": "notify", "secret": {"secretName": "aiscope-notify", "defaultMode": 0o400}} in (
+        pod["volumes"]
+    )
+    secret = yaml.safe_load((deploy / "kubernetes" / "notify-secret.yaml").read_text())
+    assert "[notify]" in secret["stringData"]["notify.toml"]
+    unit = (deploy / "systemd" / "aiscope-notify.service").read_text()
+    assert "LoadCredential=smtp-password:" in unit
+    assert all(f in help_text for f in ("--notify-config", "--state", "--no-report"))
+
+
+def test_systemd_notify_units_verify() -> None:
+    from conftest import require_tool
+
+    analyze = require_tool("systemd-analyze")
+    systemd = REPO / "deploy" / "systemd"
+    result = subprocess.run(
+        [analyze, "verify", systemd / "aiscope-notify.service", systemd / "aiscope-notify.timer"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "aiscope-notify" not in result.stderr, result.stderr

@@ -51,10 +51,14 @@ fi
 install -m 0644 "$here/aiscope-agent.service" "$unit"
 install -m 0644 "$here/aiscope-report.service" /etc/systemd/system/aiscope-report.service
 install -m 0644 "$here/aiscope-report.timer" /etc/systemd/system/aiscope-report.timer
+# Notices and the weekly mail: idle until /etc/aiscope/notify.toml exists (docs/deploy.md).
+install -m 0644 "$here/aiscope-notify.service" /etc/systemd/system/aiscope-notify.service
+install -m 0644 "$here/aiscope-notify.timer" /etc/systemd/system/aiscope-notify.timer
 systemd-analyze verify "$unit" /etc/systemd/system/aiscope-report.service \
-    /etc/systemd/system/aiscope-report.timer
+    /etc/systemd/system/aiscope-report.timer /etc/systemd/system/aiscope-notify.service \
+    /etc/systemd/system/aiscope-notify.timer
 systemctl daemon-reload
-systemctl enable --now aiscope-agent.service aiscope-report.timer
+systemctl enable --now aiscope-agent.service aiscope-report.timer aiscope-notify.timer
 systemctl --no-pager --lines=5 status aiscope-agent.service || true
 echo "aiscope agent installed: metrics at http://127.0.0.1:9835/metrics, store /var/lib/aiscope"
 echo "weekly reports (Mondays 06:00 UTC) in /var/lib/aiscope-reports"
