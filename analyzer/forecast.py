@@ -16,11 +16,19 @@ Methods (:data:`METHODS`), chosen by backtest on data they were not tuned on (``
 
 * ``seasonal_naive``: the value one season earlier. The baseline every error is scaled by.
 * ``drift``: seasonal-naive plus the mean season-over-season change per step.
-* ``trend_profile`` (the default): a robust trend times a seasonal profile. The trend is a
-  Theil-Sen line through the log of the daily means (linear when a day has no demand), so one odd
-  day moves it little; the profile is the median, per hour of the season, of the data over the
-  trend. The interval is the empirical quantiles of the in-sample residuals (relative to the
-  trend), widened by Sen's confidence interval of the slope as the horizon grows.
+* ``holt_winters``: additive Holt-Winters with a damped trend, its constants the in-sample
+  one-step least squares over a small grid.
+* ``trend_profile``: a robust trend times a seasonal profile. The trend is a Theil-Sen line
+  through the log of the daily means (linear when a day has no demand), pairing only days a whole
+  week apart when the season is weekly (Hirsch's seasonal Sen slope, so a quiet weekend does not
+  tilt it), and kept only when Sen's 80 % interval excludes zero; the profile is the median, per
+  hour of the season, of the data over the trend. The interval is the empirical quantiles of the
+  in-sample residuals (relative to the trend), widened per season ahead and by Sen's interval of
+  the slope as the horizon grows.
+* ``blend`` (the default, :data:`DEFAULT_METHOD`): trend_profile whose profile is half the
+  median season and half the newest season, i.e. the combination of trend_profile and
+  seasonal-naive with the trend kept (a plain average with seasonal-naive would flatten a
+  12-week forecast of growing demand).
 
 ``mase`` here is the mean absolute error of the method over the backtest's forecasts divided by
 that of the seasonal-naive forecast from the same origins over the same steps: below 1 it beat
@@ -39,14 +47,14 @@ from dataclasses import dataclass
 
 DAY_SECONDS = 86_400.0
 WEEK_SECONDS = 7 * DAY_SECONDS
-METHODS = ("seasonal_naive", "drift", "trend_profile")
-DEFAULT_METHOD = "trend_profile"
+METHODS = ("seasonal_naive", "drift", "holt_winters", "trend_profile", "blend")
+DEFAULT_METHOD = "blend"
 #: Fewer rolling origins than this and a backtest says nothing: no forecast is given.
 MIN_ORIGINS = 3
 #: Widening of the residual quantiles per season ahead (chosen on the bench's tuning series).
 SPREAD_PER_SEASON = 0.15
-#: How many of the newest days anchor the trend's level (a level shift counts after two weeks).
-ANCHOR_DAYS = 14
+#: How much of blend's profile is the newest season (the rest is the median season).
+BLEND_RECENT_WEIGHT = 0.5
 #: Width (in standard normal units) of the slope's interval that widens the forecast band.
 SLOPE_Z = 0.4
 
@@ -236,7 +244,11 @@ def _trend(y: list[float], steps_per_day: int, weekly: bool) -> _Trend:
     return _Trend(log, intercept, slope, low, high, float(steps_per_day))
 
 
-def _trend_profile(y: list[float], m: int, step_seconds: float) -> Model:
+def _trend_profile(
+    y: list[float], m: int, step_seconds: float, recent_weight: float = 0.0
+) -> Model:
+    """Trend times profile; with ``recent_weight`` > 0 the profile leans that much on the
+    newest season alone (seasonal-naive's information, with the trend kept)."""
     d = max(1, round(DAY_SECONDS / step_seconds))
     trend = _trend(y, d, weekly=m >= 7 * d)
     n = len(y)
@@ -245,22 +257,14 @@ def _trend_profile(y: list[float], m: int, step_seconds: float) -> Model:
         ratio = [y[t] / level[t] for t in range(n)]
     else:
         ratio = [y[t] - level[t] for t in range(n)]
-    profile = [_median(ratio[p::m]) for p in range(m)]
+    last = ratio[n - m :]
+    w = recent_weight
+    profile = [(1 - w) * _median(ratio[p::m]) + w * last[(p - n) % m] for p in range(m)]
 
     def at(t: int, slope: float | None = None) -> float:
         base = max(trend.value(t, slope), 0.0)
         return base * profile[t % m] if trend.log else base + profile[t % m]
 
-    fitted = [at(t) for t in range(n)]
-    # The profile absorbs the trend's level over the whole history; re-anchor it on the newest
-    # days, so that a step change in demand counts.
-    recent = range(max(0, n - ANCHOR_DAYS * d), n)
-    if trend.log:
-        shift = _median([y[t] / fitted[t] for t in recent if fitted[t] > 0] or [1.0])
-        profile = [p * shift for p in profile]
-    else:
-        shift = _median([y[t] - fitted[t] for t in recent])
-        profile = [p + shift for p in profile]
     fitted = [at(t) for t in range(n)]
     # Residuals relative to the trend's level, so that the band grows with the demand.
     resid = [(y[t] - fitted[t]) / level[t] for t in range(n)]
@@ -288,10 +292,79 @@ def _trend_profile(y: list[float], m: int, step_seconds: float) -> Model:
     return Model("trend_profile", m, step_seconds, growth, predict, band)
 
 
+#: Holt-Winters' smoothing constants searched (level, trend, season) and the trend damping.
+HW_GRID = ((0.05, 0.2, 0.5), (0.01, 0.1), (0.05, 0.2, 0.5), (0.9, 0.98))
+
+
+def _holt_winters(y: list[float], m: int, step_seconds: float) -> Model:
+    """Additive Holt-Winters with a damped trend; the constants minimize the in-sample one-step
+    squared error over :data:`HW_GRID`."""
+    best: tuple[float, tuple[float, float, float, float]] | None = None
+    for a in HW_GRID[0]:
+        for b in HW_GRID[1]:
+            for g in HW_GRID[2]:
+                for phi in HW_GRID[3]:
+                    sse = _hw_run(y, m, a, b, g, phi)[0]
+                    if best is None or sse < best[0]:
+                        best = (sse, (a, b, g, phi))
+    assert best is not None
+    a, b, g, phi = best[1]
+    _, level, trend, season, resid = _hw_run(y, m, a, b, g, phi)
+    n = len(y)
+
+    def predict(h: int) -> list[float]:
+        out, damp = [], 0.0
+        for i in range(h):
+            damp += phi ** (i + 1)
+            out.append(level + damp * trend + season[(n + i) % m])
+        return out
+
+    def band(h: int, q: float) -> list[float]:
+        base = quantile(resid, q)
+        return [base * math.sqrt(1 + i) ** 0.5 for i in range(h)]
+
+    mean = sum(y[-m:]) / m
+    week_steps = WEEK_SECONDS / step_seconds
+    growth = trend * week_steps / mean if mean > 0 else None
+    return Model("holt_winters", m, step_seconds, growth, predict, band)
+
+
+def _hw_run(
+    y: list[float], m: int, a: float, b: float, g: float, phi: float
+) -> tuple[float, float, float, list[float], list[float]]:
+    """One pass: (squared error, final level, final trend, season by phase, residuals)."""
+    level = sum(y[:m]) / m
+    trend = (sum(y[m : 2 * m]) / m - level) / m if len(y) >= 2 * m else 0.0
+    season = [0.0] * m
+    for t in range(m):
+        season[t] = y[t] - level
+    sse, resid = 0.0, []
+    for t in range(m, len(y)):
+        p = t % m
+        fit = level + phi * trend + season[p]
+        err = y[t] - fit
+        sse += err * err
+        resid.append(err)
+        new_level = a * (y[t] - season[p]) + (1 - a) * (level + phi * trend)
+        trend = b * (new_level - level) + (1 - b) * phi * trend
+        season[p] = g * (y[t] - new_level) + (1 - g) * season[p]
+        level = new_level
+    return sse, level, trend, season, resid
+
+
+def _blend(y: list[float], m: int, step_seconds: float) -> Model:
+    """trend_profile whose profile is half the median season and half the newest season: the
+    combination of trend_profile and seasonal-naive, with the trend kept for long horizons."""
+    model = _trend_profile(y, m, step_seconds, recent_weight=BLEND_RECENT_WEIGHT)
+    return Model("blend", m, step_seconds, model.growth_per_week, model.predict, model.band)
+
+
 _FITTERS: dict[str, Callable[[list[float], int, float], Model]] = {
     "seasonal_naive": _seasonal_naive,
     "drift": _drift,
+    "holt_winters": _holt_winters,
     "trend_profile": _trend_profile,
+    "blend": _blend,
 }
 
 
