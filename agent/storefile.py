@@ -137,6 +137,8 @@ def wrap(path: Path, exc: duckdb.Error) -> StoreError:
         holder = re.search(r"\(PID (\d+)\)", message)
         who = f"process {holder.group(1)}" if holder else "another process"
         return StoreLocked(f"{path}: the store is held by {who}; retry when it is released")
+    if re.search(r"corrupt|checksum", message, re.IGNORECASE):
+        return damaged(path, exc)
     if re.search(r"read-only file system|permission denied", message, re.IGNORECASE):
         return NotWritable(f"{path}: cannot write the store ({message}); give a writable --store")
     if isinstance(exc, duckdb.IOException | duckdb.SerializationException):

@@ -1,0 +1,565 @@
+"""Hostile input, by class, against every command that reads user input.
+
+Classes: corrupt (a damaged block, a missing table), truncated (a file cut short), foreign
+(not DuckDB, another program's DuckDB, another format), future (rows dated past now, a newer
+schema), out-of-range, mis-typed and mis-united values, and bad flags, config files and
+environment variables. Each case asserts the contract: the exit code (2 for bad input), exactly
+one ``aiscope:`` line on stderr that names the input, no traceback, and the store unchanged
+(a checksum of every table's contents before and after). A new command or input joins a class
+by adding a row to its table, not by writing a new test.
+
+Commands run in-process (``aiscope.cli.main``), which is what the console script calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent.importer import import_files
+from agent.schema import GpuSample
+from agent.store import Store
+from aiscope.cli import main
+
+T0 = float(int(time.time()) - 2 * 86400)  # whole seconds: nvidia-smi prints milliseconds
+STAMP = "%Y/%m/%d %H:%M:%S"
+HEADER = "timestamp, index, utilization.gpu [%], memory.used [MiB], power.draw [W]"
+
+
+def _line(k: int, util: str = "50 %", memory: str = "1024 MiB", power: str = "300.00 W") -> str:
+    return f"{time.strftime(STAMP, time.gmtime(T0 + k))}.000, 0, {util}, {memory}, {power}"
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def assert_refused(rc: int, err: str, name: str, code: int = 2) -> None:
+    """The contract for bad input: the code, one ``aiscope:`` line naming it, no traceback."""
+    lines = [line for line in err.splitlines() if line.startswith("aiscope:")]
+    assert rc == code, err
+    assert len(lines) == 1, err
+    assert name in lines[0], (name, lines[0])
+    assert "Traceback" not in err
+
+
+def checksum(path: Path) -> str:
+    """The contents of every table of a DuckDB file (its bytes when DuckDB cannot open it)."""
+    if not path.exists():
+        return "absent"
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    try:
+        tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+        parts = []
+        for t in sorted(tables):
+            try:
+                parts.append(
+                    str(
+                        con.execute(
+                            f'SELECT count(*), bit_xor(hash(COLUMNS(*))) FROM "{t}"'
+                        ).fetchall()
+                    )
+                )
+            except duckdb.Error as exc:  # a damaged table: its error is its state
+                parts.append(str(exc).splitlines()[0])
+        return hashlib.sha256("|".join(tables + parts).encode()).hexdigest()
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small, valid store: one GPU, 500 minutes."""
+    path = tmp_path_factory.mktemp("hostile") / "good.duckdb"
+    store = Store(path)
+    store.add(
+        GpuSample(T0 + 60 * m, "n1", "GPU-1", 0, True, 0.5, None, 1 << 30, None, None, 300.0 + m)
+        for m in range(500)
+    )
+    store.flush()
+    store.close()
+    return path
+
+
+def _flip(block_offset: int) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        for k in range(block_offset + 16, block_offset + 4016):
+            data[k] ^= 0x5A
+        path.write_bytes(bytes(data))
+
+    return damage
+
+
+def _sql(statement: str) -> Callable[[Path], None]:
+    def change(path: Path) -> None:
+        con = duckdb.connect(str(path))
+        con.execute(statement)
+        con.close()
+
+    return change
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3])
+
+
+def _text(path: Path) -> None:
+    path.write_text("timestamp,index\n2025/01/01 00:00:00,0\n")
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _foreign(path: Path) -> None:
+    path.unlink()
+    _sql(
+        "CREATE TABLE customers (id INTEGER, name VARCHAR); INSERT INTO customers VALUES (1, 'a')"
+    )(path)
+
+
+#: Damaged stores, by class: how to make one from a good store.
+BAD_STORES: dict[str, Callable[[Path], None]] = {
+    "corrupt-catalog-block": _flip(12288),
+    "corrupt-data-block": _flip(12288 + 2 * 262144),
+    "missing-table": _sql("DROP TABLE host_samples"),
+    "truncated": _truncate,
+    "foreign-text": _text,
+    "foreign-empty-file": _empty,
+    "foreign-duckdb": _foreign,
+    "future-schema": _sql("UPDATE meta SET value = '99' WHERE key = 'schema_version'"),
+}
+#: Those that a writer must also refuse (a missing table the writer simply re-creates).
+BAD_FOR_WRITERS = [k for k in BAD_STORES if k != "missing-table"]
+
+
+@pytest.fixture(params=sorted(BAD_STORES))
+def bad_store(request: pytest.FixtureRequest, good: Path, tmp_path: Path) -> Path:
+    path = tmp_path / f"{request.param}.duckdb"
+    shutil.copy(good, path)
+    BAD_STORES[request.param](path)
+    return path
+
+
+# -- readers on damaged stores ----------------------------------------------------------------
+
+READERS: dict[str, Callable[[Path, Path], list[str]]] = {
+    "analyze": lambda store, tmp: ["analyze", "--store", str(store)],
+    "report": lambda store, tmp: ["report", "--store", str(store), "--out", str(tmp / "r.md")],
+    "store info": lambda store, tmp: ["store", "info", "--store", str(store)],
+    "store info dir": lambda store, tmp: ["store", "info", "--store", str(store.parent)],
+    "analyze dir": lambda store, tmp: ["analyze", "--store", str(store.parent)],
+}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_readers_refuse_damaged_stores(
+    reader: str, bad_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = checksum(bad_store)
+    out = tmp_path / "out"
+    out.mkdir()
+    rc, _, err = run(capsys, *READERS[reader](bad_store, out))
+    assert_refused(rc, err, bad_store.name)
+    assert checksum(bad_store) == before
+    assert not list(out.iterdir())  # no report written
+
+
+# -- writers on damaged or foreign stores -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One small, valid file per import format."""
+    root = tmp_path_factory.mktemp("captures")
+    csv_file = root / "gpus.csv"
+    csv_file.write_text("\n".join([HEADER, *(_line(k) for k in range(5))]) + "\n")
+    prom = root / "node.prom"
+    prom.write_text(
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-9",Hostname="n9",modelName="NVIDIA H100"} 42 '
+        f"{int(T0 * 1000)}\n"
+    )
+    return {"nvidia-smi": csv_file, "dcgm": prom}
+
+
+WRITERS: dict[str, Callable[[Path, dict[str, Path]], list[str]]] = {
+    "import nvidia-smi": lambda s, c: [
+        "import",
+        "nvidia-smi",
+        str(c["nvidia-smi"]),
+        "--store",
+        str(s),
+    ],
+    "import dcgm": lambda s, c: ["import", "dcgm", str(c["dcgm"]), "--store", str(s)],
+    "simulate": lambda s, c: ["simulate", "starved-input", "--store", str(s), "--days", "0.002"],
+    "agent run": lambda s, c: [
+        *("agent", "run", "--virtual-gpus", "1", "--duration", "1"),
+        *("--listen", "127.0.0.1:0", "--store", str(s)),
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", BAD_FOR_WRITERS)
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_writers_refuse_stores_they_must_not_touch(
+    writer: str,
+    kind: str,
+    good: Path,
+    capture: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    store = tmp_path / f"{kind}.duckdb"
+    shutil.copy(good, store)
+    BAD_STORES[kind](store)
+    before = checksum(store)
+    rc, _, err = run(capsys, *WRITERS[writer](store, capture))
+    assert_refused(rc, err, store.name)
+    assert checksum(store) == before
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_writers_need_an_explicit_store_or_write_only_there(
+    writer: str,
+    capture: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """simulate and the imports never fall back to the agent's default store."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("AISCOPE_STORE", raising=False)
+    argv = WRITERS[writer](tmp_path / "x.duckdb", capture)
+    i = argv.index("--store")
+    argv = argv[:i] + argv[i + 2 :]
+    if writer == "agent run":
+        return  # the agent's default store is the agent's own: nothing to refuse
+    rc, _, err = run(capsys, *argv)
+    assert_refused(rc, err, "--store")
+    assert not (tmp_path / "xdg").exists()
+
+
+def test_agent_refuses_a_store_it_cannot_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Path("/proc/aiscope-cannot-write/agent.duckdb")
+    rc, _, err = run(capsys, *WRITERS["agent run"](store, {}))
+    assert rc in (1, 2)
+    assert_refused(rc, err, str(store), code=rc)
+
+
+# -- import files: truncated, foreign, mis-typed, mis-united, out of range, future ------------
+
+
+def _csv(tmp_path: Path, *lines: str, header: str = HEADER) -> Path:
+    path = tmp_path / "capture.csv"
+    path.write_text("\n".join([header, *lines]) + "\n" if header else "\n".join(lines) + "\n")
+    return path
+
+
+def _import(
+    capsys: pytest.CaptureFixture[str], path: Path, store: Path, *extra: str
+) -> tuple[int, str, str]:
+    return run(capsys, "import", "nvidia-smi", str(path), "--store", str(store), *extra)
+
+
+def _rows(store: Path, sql: str) -> list[tuple[object, ...]]:
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+FOREIGN_FILES: dict[str, Callable[[Path], None]] = {
+    "empty": lambda p: p.write_text(""),
+    "binary": lambda p: p.write_bytes(bytes(range(256)) * 4),
+    "other-csv": lambda p: p.write_text("name,age\nalice,3\n"),
+    "prometheus-text": lambda p: p.write_text("# HELP x y\nx 1\n"),
+    "xml": lambda p: p.write_text("<?xml version='1.0'?><nvidia_smi_log><gpu>"),
+}
+IMPORTERS = ("nvidia-smi", "dcgm", "nvidia-smi-xml")
+
+
+@pytest.mark.parametrize("importer", IMPORTERS)
+@pytest.mark.parametrize("kind", sorted(FOREIGN_FILES))
+def test_imports_refuse_files_of_another_kind(
+    importer: str, kind: str, good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if (importer, kind) in {("dcgm", "prometheus-text")}:
+        pytest.skip("a Prometheus text file with no DCGM series is read as an empty scrape")
+    path = tmp_path / f"{kind}.in"
+    FOREIGN_FILES[kind](path)
+    store = tmp_path / "s.duckdb"
+    shutil.copy(good, store)
+    before = checksum(store)
+    rc, _, err = run(capsys, "import", importer, str(path), "--store", str(store))
+    assert_refused(rc, err, path.name)
+    assert checksum(store) == before
+
+
+#: Bad lines among good ones: each is refused and counted; the good lines all arrive.
+BAD_LINES: dict[str, tuple[str, str]] = {
+    "truncated": (_line(100)[:25], "malformed"),
+    "mis-typed utilization": (_line(101, util="fifty %"), "malformed"),
+    "mis-typed power": (_line(102, power="nan W"), "malformed"),
+    "mis-united memory (decimal GB)": (_line(103, memory="40 GB"), "malformed"),
+    "mis-united power (volts)": (_line(104, power="300 V"), "malformed"),
+    "utilization over 100%": (_line(105, util="250 %"), "out of range"),
+    "utilization 1e18": (_line(106, util="1e18 %"), "out of range"),
+    "negative power": (_line(107, power="-5 W"), "out of range"),
+    "negative memory": (_line(108, memory="-1 MiB"), "out of range"),
+    "dated 9999": (_line(109).replace(time.strftime("%Y", time.gmtime(T0)), "9999", 1), "future"),
+    "dated 1970": (
+        _line(110).replace(time.strftime("%Y", time.gmtime(T0)), "1970", 1),
+        "before 2000",
+    ),
+    "stray quote": (_line(111, util='"50 %'), "malformed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LINES))
+def test_bad_lines_are_refused_counted_and_swallow_nothing(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad, said = BAD_LINES[case]
+    path = _csv(tmp_path, _line(1), bad, _line(2), _line(3))
+    store = tmp_path / "s.duckdb"
+    rc, out, err = _import(capsys, path, store)
+    assert rc == 0, err
+    stored = _rows(store, "SELECT ts FROM gpu_samples ORDER BY ts")
+    assert [round(float(r[0]) - T0) for r in stored] == [1, 2, 3], out  # the next line survives
+    assert said in out or (said == "malformed" and "1 malformed" in out), out
+    bounds = _rows(
+        store,
+        "SELECT max(utilization_gpu_ratio), min(power_watts), min(memory_used_bytes) "
+        "FROM gpu_samples",
+    )[0]
+    assert bounds == (0.5, 300.0, 1 << 30)
+
+
+@pytest.mark.parametrize(
+    ("memory", "power", "memory_bytes", "watts"),
+    [
+        ("40 GiB", "0.6 kW", 40 << 30, 600.0),
+        ("40960 MiB", "600000 mW", 40 << 30, 600.0),
+        ("0.0390625 TiB", "600 W", 40 << 30, 600.0),
+    ],
+)
+def test_units_nvidia_smi_never_writes_are_converted(
+    memory: str,
+    power: str,
+    memory_bytes: int,
+    watts: float,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = _csv(tmp_path, _line(1, memory=memory, power=power))
+    store = tmp_path / "s.duckdb"
+    rc, _, err = _import(capsys, path, store)
+    assert rc == 0, err
+    assert _rows(store, "SELECT memory_used_bytes, power_watts FROM gpu_samples") == [
+        (memory_bytes, pytest.approx(watts))
+    ]
+
+
+def test_a_unit_in_the_header_scales_a_nounits_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    header = "timestamp, index, utilization.gpu [%], memory.used [GiB], power.draw [kW]"
+    path = _csv(tmp_path, _line(1, util="50", memory="2", power="0.3"), header=header)
+    store = tmp_path / "s.duckdb"
+    rc, _, err = _import(capsys, path, store)
+    assert rc == 0, err
+    assert _rows(store, "SELECT memory_used_bytes, power_watts FROM gpu_samples") == [
+        (2 << 30, pytest.approx(300.0))
+    ]
+
+
+#: Bad flags, by class: (argv, the name the one line must carry).
+BAD_FLAGS: dict[str, tuple[list[str], str]] = {
+    "wait negative (analyze)": (["analyze", "--wait", "-1"], "--wait"),
+    "wait nan (report)": (["report", "--wait", "nan"], "--wait"),
+    "wait inf (store info)": (["store", "info", "--wait", "inf"], "--wait"),
+    "utc-offset nan": (["import", "nvidia-smi", "{csv}", "--utc-offset", "nan"], "--utc-offset"),
+    "utc-offset 100": (["import", "nvidia-smi", "{csv}", "--utc-offset", "100"], "--utc-offset"),
+    "utc-offset -13 (xml)": (
+        ["import", "nvidia-smi-xml", "{csv}", "--utc-offset", "-13"],
+        "--utc-offset",
+    ),
+    "fields fewer than columns": (
+        ["import", "nvidia-smi", "{noheader}", "--fields", "timestamp,utilization.gpu"],
+        "--fields",
+    ),
+    "fields more than columns": (
+        [
+            "import",
+            "nvidia-smi",
+            "{noheader}",
+            "--fields",
+            "timestamp,index,uuid,pci.bus_id,utilization.gpu,memory.used,power.draw",
+        ],
+        "--fields",
+    ),
+    "since garbage": (["analyze", "--since", "soon"], "soon"),
+    "demo out is a file": (["demo", "--out", "{csv}"], "--out"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FLAGS))
+def test_bad_flags_are_one_line(
+    case: str, good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "s.duckdb"
+    shutil.copy(good, store)
+    before = checksum(store)
+    csv_file = _csv(tmp_path, _line(1))
+    noheader = tmp_path / "noheader.csv"
+    noheader.write_text(_line(1) + "\n")
+    argv, name = BAD_FLAGS[case]
+    argv = [a.format(csv=csv_file, noheader=noheader) for a in argv]
+    if argv[0] in ("analyze", "report", "store", "import"):
+        argv += ["--store", str(store)]
+    rc, _, err = run(capsys, *argv)
+    assert_refused(rc, err, name)
+    assert checksum(store) == before
+
+
+# -- config files and environment variables ---------------------------------------------------
+
+BAD_CONFIGS: dict[str, tuple[str, str]] = {
+    "misspelt table": ("[agentt]\ninterval = 1\n", "agentt"),
+    "unknown key": ("[agent]\nintervall = 1\n", "intervall"),
+    "not TOML": ("interval: 1\n", "not valid TOML"),
+    "mis-typed value": ('[agent]\ninterval = "soon"\n', "agent.interval"),
+    "negative value": ("[agent]\nflush_interval = -3\n", "agent.flush_interval"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_config_files_name_the_file_and_key(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text, name = BAD_CONFIGS[case]
+    config = tmp_path / "agent.toml"
+    config.write_text(text)
+    store = tmp_path / "never.duckdb"
+    rc, _, err = run(capsys, *WRITERS["agent run"](store, {}), "--config", str(config))
+    assert_refused(rc, err, name)
+    assert str(config) in err
+    assert not store.exists()
+
+
+BAD_ENV = {
+    "AISCOPE_FLUSH_INTERVAL": (
+        "soon",
+        "AISCOPE_FLUSH_INTERVAL: expected a positive number (got 'soon')",
+    ),
+    "AISCOPE_INTERVAL": ("nan", "AISCOPE_INTERVAL: expected a positive number"),
+    "AISCOPE_BUFFER_ROWS": ("1.5", "AISCOPE_BUFFER_ROWS"),
+    "AISCOPE_NODE": ("   ", "AISCOPE_NODE: must not be empty"),
+}
+
+
+@pytest.mark.parametrize("variable", sorted(BAD_ENV))
+def test_bad_environment_variables_print_the_readme_message(
+    variable: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    value, message = BAD_ENV[variable]
+    monkeypatch.setenv(variable, value)
+    store = tmp_path / "never.duckdb"
+    rc, _, err = run(capsys, *WRITERS["agent run"](store, {}))
+    assert_refused(rc, err, message)
+    assert not store.exists()
+
+
+# -- future rows: refused at import, ignored by the analysis window ---------------------------
+
+
+def test_one_future_row_does_not_move_the_window(
+    good: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import json
+
+    store = tmp_path / "s.duckdb"
+    shutil.copy(good, store)
+    writer = Store(store)
+    writer.add(
+        [GpuSample(253402300000.0, "n1", "GPU-1", 0, True, 0.9, None, 1 << 30, None, None, 1.0)]
+    )
+    writer.flush()
+    writer.close()
+    rc, out, err = run(capsys, "analyze", "--store", str(store))
+    assert rc == 0, err
+    doc = json.loads(out)
+    newest = time.strftime("%Y-%m-%dT%H:%M", time.gmtime(T0 + 60 * 499))
+    assert doc["window"]["end"].startswith(newest)
+    assert "ignored 1 GPU samples dated in the future" in caplog.text
+
+
+# -- torn lines, at random ---------------------------------------------------------------------
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    tears=st.lists(
+        st.tuples(
+            st.integers(0, 19), st.integers(0, 60), st.sampled_from(["", '"', "'", ",", "\r"])
+        ),
+        max_size=6,
+    )
+)
+def test_random_torn_lines_never_swallow_a_good_line(
+    tears: list[tuple[int, int, str]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Lines cut at random places, some with a stray character: every untouched line is
+    stored, nothing out of range is, and the import never fails."""
+    lines = [_line(k, util=f"{k * 5} %", power=f"{100 + k}.00 W") for k in range(20)]
+    torn = {}
+    for index, cut, extra in tears:
+        torn[index] = lines[index][:cut] + extra
+    path = tmp_path_factory.mktemp("torn") / "capture.csv"
+    path.write_text(
+        "\n".join([HEADER, *(torn.get(k, line) for k, line in enumerate(lines))]) + "\n"
+    )
+    store = Store(path.with_suffix(".duckdb"))
+    try:
+        result = import_files([path], store, "n1", None)
+    finally:
+        store.close()
+    stamps = {round(float(r[0]) - T0) for r in _rows(store.path, "SELECT ts FROM gpu_samples")}
+    assert {k for k in range(20) if k not in torn} <= stamps
+    assert result.samples_written + result.malformed + result.out_of_range >= 20 - len(torn)
+    (util_max, power_min) = _rows(
+        store.path, "SELECT max(utilization_gpu_ratio), min(power_watts) FROM gpu_samples"
+    )[0]
+    assert util_max is None or util_max <= 1.0
+    assert power_min is None or power_min >= 0.0
