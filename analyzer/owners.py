@@ -400,10 +400,17 @@ def _evidence(o: _Owner, total: float) -> list[str]:
                 f"{o.unpartitioned_cost:,.2f} of its cost is MIG compute slices no instance holds"
             )
     elif o.name == UNATTRIBUTED:
-        out.append(
-            f"{total:.1f} GPU-hours of memory held or compute with no process attributed "
-            "(an import without process data, or a process the agent cannot see)"
-        )
+        named = sum(o.workloads.values())
+        if total - named > 0.05:
+            out.append(
+                f"{total - named:.1f} GPU-hours of memory held or compute with no process seen "
+                "(an import without process data, or a process the agent cannot see)"
+            )
+        if o.workloads:
+            out.append(
+                f"{named:.1f} GPU-hours of workloads with no user, namespace or account: "
+                + ", ".join(list(o.workloads)[:5])
+            )
     shared = {b: h for b, h in o.basis.items() if b != "alone" and h > 0}
     if shared:
         parts = [f"{h:.1f} GPU-h by {_BASIS_WORDS[b]}" for b, h in sorted(shared.items())]

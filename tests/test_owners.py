@@ -307,7 +307,7 @@ def _node_gpu_hours(store: Path, node: str) -> float:
 # -- two tenants on one GPU with known shares ----------------------------------------------------
 
 
-def _shared_store(path: Path) -> Path:
+def _shared_store(path: Path, second_user: str | None = "bob") -> Path:
     """One H100 for two hours: job 1 alone for the first hour; then job 1 and pod 2 together,
     their own SM utilization 0.6 and 0.2 (a 3:1 split) for 30 minutes, and for the last 30
     minutes without per-process readings, holding 10 and 30 GiB (a 1:3 split by memory)."""
@@ -348,7 +348,7 @@ def _shared_store(path: Path) -> Path:
             2,
             "python",
             "serve.py",
-            "bob",
+            second_user,
             "/system.slice/serve.service",
             None,
             None,
@@ -501,3 +501,13 @@ def test_a_split_always_hands_out_the_whole_interval(readings: list[tuple[Any, A
     assert all(share >= 0 for _, share, _ in shares)
     assert sum(share for _, share, _ in shares) == pytest.approx(1.0)
     assert len({basis for _, _, basis in shares}) == 1  # one measure for the whole interval
+
+
+def test_a_workload_without_user_or_namespace_is_unattributed_and_named(tmp_path: Path) -> None:
+    doc = _analyze(_shared_store(tmp_path / "anon.duckdb", second_user=None), {})
+    anon = _by_owner(doc)["(unattributed)"]
+    assert anon["kind"] == "unattributed"
+    assert anon["gpu_hours_total"] == pytest.approx(0.5, abs=0.02)
+    assert anon["workloads"] == ["unit serve.service"]
+    assert any("no user, namespace or account: unit serve.service" in e for e in anon["evidence"])
+    assert not any("no process seen" in e for e in anon["evidence"])
