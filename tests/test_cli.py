@@ -31,6 +31,8 @@ COMMANDS = [
     ["import", "nvidia-smi-xml", "--help"],
     ["report", "--help"],
     ["demo", "--help"],
+    ["job", "--help"],
+    ["notify", "--help"],
 ]
 
 
@@ -113,6 +115,8 @@ def test_every_command_has_help_with_examples(args: list[str]) -> None:
         "nvidia-smi-xml",
         "report",
         "demo",
+        "job",
+        "notify",
     )
     if leaf or args == ["--help"]:
         assert "Examples" in result.stdout

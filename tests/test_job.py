@@ -11,7 +11,8 @@ from conftest import run_aiscope
 
 from aiscope.slurm import decode, encode
 from analyzer.analysis import analyze
-from analyzer.job import job_summary
+from analyzer.job import UnknownJob, find_job, job_summary
+from analyzer.load import Holding, Holdings
 from report.job import render_job
 
 JOBS = ["41000", "41006", "41007", "41008", "41009", "jupyter-user5.service"]
@@ -129,3 +130,41 @@ def test_admin_comment_round_trip(summaries: dict[str, dict[str, Any]]) -> None:
     comment = encode(doc)
     assert comment.startswith("aiscope:") and len(comment) < 16000
     assert decode(f"other notes {comment}", "41000") == doc
+
+
+def _holding(tenant: str, **ids: Any) -> Holding:
+    base: dict[str, Any] = {
+        "slurm_job_id": None,
+        "pod_uid": None,
+        "pod_namespace": None,
+        "pod_name": None,
+        "systemd_unit": None,
+        "user": "ann",
+        "node": "n1",
+        "uuid": "GPU-1",
+        "first_ts": 0.0,
+        "last_ts": 3600.0,
+        "memory_max_bytes": None,
+    }
+    return Holding(tenant, **{**base, **ids})
+
+
+def test_a_workload_is_found_by_every_id_it_has() -> None:
+    found = Holdings(
+        (
+            _holding("pod ml/llm-0", pod_uid="3f2a-uid", pod_namespace="ml", pod_name="llm-0"),
+            _holding("unit jupyter-ann.service", systemd_unit="jupyter-ann.service"),
+            _holding("slurm job 1234_7", slurm_job_id="1234_7"),
+        ),
+        3600.0,
+        {},
+    )
+    for name in ("ml/llm-0", "3f2a-uid", "pod ml/llm-0"):
+        assert find_job(found, name).kind == "pod"
+    for name in ("jupyter-ann.service", "jupyter-ann"):
+        assert find_job(found, name).ids["systemd_unit"] == "jupyter-ann.service"
+    assert find_job(found, "1234_7").kind == "slurm"
+    with pytest.raises(UnknownJob) as err:
+        find_job(found, "ml/llm-1")
+    assert err.value.nearest[0] == "ml/llm-0"
+    assert err.value.exit_code == 2
