@@ -3,7 +3,8 @@
 One document, four forms that always agree: ``.html`` (self-contained: inline CSS and SVG, no
 scripts, no outside requests), ``.md``, ``.json`` (the analysis contract itself) and the terminal
 (Rich tables, colour on a terminal, plain when piped). Sections, in order: the headline, the
-fleet timeline, utilization that is real, findings, recommendations, per-node detail and data
+fleet timeline, utilization that is real, findings, recommendations, owners (GPU-hours and
+cost per team, namespace, account or user, adding up to the bill), per-node detail and data
 coverage. Large fleets stay readable: tables show the top ``TOP_N`` rows, with the rest counted.
 """
 
