@@ -691,11 +691,13 @@ def _analysis(
 ) -> dict[str, Any]:
     """The analysis document of the stores (``--store``, else the default store), or of the
     ``--prometheus`` server (``source``)."""
-    from agent.config import default_store  # noqa: PLC0415
+    from agent.config import default_store, read_config_file  # noqa: PLC0415
     from analyzer.analysis import analyze  # noqa: PLC0415
     from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
 
+    if config is not None:
+        read_config_file(config)  # a misspelt table ([thresholdz]) is refused, not ignored
     thresholds = from_file(config)
     accounting = accounting_from_file(config)
     if source is not None:
@@ -840,8 +842,10 @@ def demo_command(
         f"{s['shares']['idle_held']:.0%}; {len(doc['findings'])} findings, "
         f"{len(doc['recommendations'])} recommendations"
     )
-    for a in s["top_actions"]:
-        typer.echo(f"  - {a['action']}: {a['gpu_hours']:,.0f} GPU-hours")
+    from report.content import top_actions  # noqa: PLC0415
+
+    for line in top_actions(doc):
+        typer.echo(f"  - {line}")
     _echo_costs(doc)
     _echo_traces()
     typer.echo(f"open {(out / 'report.html').resolve()}  ({time.monotonic() - started:.0f} s)")
@@ -1034,24 +1038,33 @@ def notify_command(
     """
     from agent.config import default_store  # noqa: PLC0415
     from aiscope import notify  # noqa: PLC0415
-    from analyzer.load import expand, holdings  # noqa: PLC0415
+    from analyzer.load import expand, holdings, inputs  # noqa: PLC0415
 
     cfg = notify.load_config(notify_config or config)
     stores = store or [str(default_store())]
     doc = _analysis(stores, since, wait, config)
-    paths = expand(stores)
-    users = {h.tenant: h.user for h in holdings(paths, wait).holdings if h.user}
+    users = {h.tenant: h.user for h in holdings(inputs(stores), wait).holdings if h.user}
     notify.run(
         cfg,
         doc,
         users,
-        state or paths[0],
+        state or _state_store(stores, expand),
         send_report=report,
         send_notices=notices,
         dry=dry_run,
         wait_seconds=wait,
         say=typer.echo,
     )
+
+
+def _state_store(stores: list[str], expand: Callable[[list[str]], list[Path]]) -> Path:
+    """The default ``--state``: the first node store named (a fleet location needs --state)."""
+    from agent.storefile import is_location_url  # noqa: PLC0415
+
+    local = [s for s in stores if not is_location_url(s)]
+    if not local:
+        raise BadInput("--state STORE is required when every --store is a remote location")
+    return expand(local[:1])[0]
 
 
 def _allocated(node: str | None, gpus: str | None) -> tuple[str, tuple[int, ...]] | None:

@@ -468,6 +468,16 @@ def test_bad_config_files_name_the_file_and_key(
     assert not store.exists()
 
 
+def test_analyze_refuses_a_misspelt_config_table(
+    good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "aiscope.toml"
+    config.write_text("[thresholdz]\nidle_held_minutes = 30\n")
+    rc, out, err = run(capsys, "analyze", "--store", str(good), "--config", str(config))
+    assert_refused(rc, err, "thresholdz")
+    assert str(config) in err and not out
+
+
 BAD_ENV = {
     "AISCOPE_FLUSH_INTERVAL": (
         "soon",
@@ -563,3 +573,27 @@ def test_random_torn_lines_never_swallow_a_good_line(
     )[0]
     assert util_max is None or util_max <= 1.0
     assert power_min is None or power_min >= 0.0
+
+
+def test_agent_exits_1_when_it_loses_rows_at_exit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The store is replaced by something else while the agent runs: its last flush fails, and
+    it says how many rows it lost and exits 1 (a supervisor sees the failure)."""
+    import threading
+
+    store = tmp_path / "agent.duckdb"
+
+    def swap() -> None:  # once the agent has checked and created its store
+        deadline = time.monotonic() + 20
+        while not store.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        store.write_text("not a store any more\n")
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    rc, _, err = run(capsys, *WRITERS["agent run"](store, {}), "--duration", "1.5")
+    swapper.join()
+    assert_refused(rc, err, "rows lost at exit", code=1)
+    assert store.read_text() == "not a store any more\n"
