@@ -114,12 +114,14 @@ def table(title: str, results: list[Result]) -> None:
 
 def detail(results: list[Result]) -> None:
     print(f"{'service':<28}{'growth/wk':>10}{'headroom':>9}", end="")
-    print("".join(f"{s + ' under':>20}" for s in STRATEGIES) + f"{'fwd cost':>9}{'goal':>6}")
+    print("".join(f"{s + ' under':>20}" for s in STRATEGIES), end="")
+    print(f"{'fwd cost':>9}{'old cost':>9}{'goal':>6}")
     for r in results:
         unders = "".join(f"{r.replays[s].under_ratio:>20.2%}" for s in STRATEGIES)
         print(
             f"{r.name[-28:]:<28}{r.growth_per_week_ratio:>10.1%}{r.headroom_ratio:>9.0%}"
-            f"{unders}{r.cost('forward'):>9.2f}{'yes' if r.meets_goal() else 'NO':>6}"
+            f"{unders}{r.cost('forward'):>9.2f}{r.cost('last week p99'):>9.2f}"
+            f"{'yes' if r.meets_goal() else 'NO':>6}"
         )
     print()
 

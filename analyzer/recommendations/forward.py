@@ -4,10 +4,12 @@ A reservation fitted to last week's p99 by hour under-covers the next week when 
 (issue 18: on real services replayed forward, the median service was short in 1.7% of minutes and
 one in 9.9%). This module fits the schedule to a forecast of the week it will be used in:
 
-1. **Level and trend.** The daily mean demand on a log scale, fitted by least squares against the
-   day (with day-of-week effects once two weeks are there, so a weekend is not read as decline):
-   ``level(t) = exp(a + b * day)``, with the standard errors of ``a`` and ``b``. The growth per
-   week is ``exp(7 b) - 1``; its interval comes from ``b``'s standard error.
+1. **Level and trend.** The daily mean demand on a log scale, through which the plan's Theil-Sen
+   line is fitted (:func:`analyzer.forecast.theil_sen`; the seasonal Sen slope once two weeks are
+   there, so a weekend is not read as decline), with Sen's 90% interval: ``level(t) = exp(a + b
+   * day)``. The growth per week is ``exp(7 b) - 1``. The slope used is shrunk toward none by its
+   uncertainty, a decline is not followed, and growth is extrapolated at most
+   :data:`MAX_GROWTH_PER_WEEK`.
 2. **Season and spread.** Each sample divided by the level at its time (demand relative to the
    trend), then per hour of day, or of week once three weeks are there, the ``quantile`` of those
    ratios (recent days weighted more), and their median.
@@ -25,10 +27,12 @@ one in 9.9%). This module fits the schedule to a forecast of the week it will be
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from analyzer.forecast import theil_sen
 from analyzer.recommendations import quantile
 
 DAY = 86400
@@ -38,6 +42,7 @@ MONDAY_OFFSET = 4 * DAY
 #: A day counts toward the trend when at least this share of its intervals were seen: a
 #: partial day's mean is biased by the hours it holds (half a diurnal cycle read as a decline).
 MIN_DAY_COVERAGE = 0.9
+Z90 = NormalDist().inv_cdf(0.95)
 #: Fewer fitted days than this and the trend is taken as flat (two points give no error).
 MIN_TREND_DAYS = 3
 #: The most growth a trend is extrapolated with, per week: a service that ramped up from
@@ -55,8 +60,9 @@ class Trend:
     """``level(t) = exp(log_level + slope_per_day * (day(t) - center_day))``, in GPUs: the line
     through the fitted days' centroid (day-of-week effects, when fitted, average to zero).
 
-    ``slope_per_day`` is the slope used (shrunk, :func:`_shrunk`); ``raw_slope_per_day`` and
-    ``var_slope`` are the least-squares estimate and its variance, ``kept`` the share of the
+    ``slope_per_day`` is the slope used (shrunk, :func:`_shrunk`); ``raw_slope_per_day`` is the
+    Theil-Sen estimate, ``low_/high_slope_per_day`` Sen's 90% interval and ``var_slope`` the
+    variance that interval implies, ``kept`` the share of the
     slope kept, ``var_level`` the variance of the level at the centroid."""
 
     origin: float
@@ -70,6 +76,8 @@ class Trend:
     days: int
     weekday_effects: bool
     last_day: float = 0.0
+    low_slope_per_day: float = 0.0
+    high_slope_per_day: float = 0.0
 
     def level(self, t: float) -> float:
         """Along the (shrunk) line over the fitted days; past the newest, extrapolated at the
@@ -102,19 +110,14 @@ class Trend:
         """The least-squares growth per week, before shrinkage."""
         return math.expm1(7 * self.raw_slope_per_day)
 
-    def growth_interval(self, confidence: float = 0.9) -> tuple[float, float]:
-        """The two-sided ``confidence`` interval of the fitted weekly growth."""
-        z = NormalDist().inv_cdf(0.5 + confidence / 2)
-        half = z * math.sqrt(self.var_slope)
-        return (
-            math.expm1(7 * (self.raw_slope_per_day - half)),
-            math.expm1(7 * (self.raw_slope_per_day + half)),
-        )
+    def growth_interval(self) -> tuple[float, float]:
+        """Sen's 90% interval of the fitted weekly growth."""
+        return (math.expm1(7 * self.low_slope_per_day), math.expm1(7 * self.high_slope_per_day))
 
     @property
     def significant_growth(self) -> bool:
         """Growth whose 90% interval lies above zero."""
-        return self.days > 0 and self.growth_interval(0.9)[0] > 0
+        return self.days > 0 and self.low_slope_per_day > 0
 
 
 def flat_trend(level: float, origin: float) -> Trend:
@@ -123,39 +126,39 @@ def flat_trend(level: float, origin: float) -> Trend:
 
 
 def fit_trend(times: Sequence[float], demand: Sequence[float]) -> Trend:
-    """The log-linear trend of daily mean demand (see the module's step 1)."""
+    """The log-linear trend of daily mean demand (see the module's step 1): the plan's
+    Theil-Sen slope (:func:`analyzer.forecast.theil_sen`, the seasonal Sen slope once two weeks
+    are there) with Sen's 90% interval, through the median level."""
     origin = times[0]
     days = _daily_means(times, demand, origin)
     overall = sum(demand) / len(demand) if demand else 0.0
     if len(days) < MIN_TREND_DAYS or overall <= 0:
         return flat_trend(overall, origin)
     floor = 0.01 * overall  # a day with no traffic is 1% of the mean, not log(0)
-    weekdays = (max(d for d, _ in days) - min(d for d, _ in days)) >= 13
-    rows, ys = [], []
-    for day, value in days:
-        rows.append(_design(day, origin, weekdays))
-        ys.append(math.log(max(value, floor)))
-    solved = _least_squares(rows, ys)
-    if solved is None:
-        return flat_trend(overall, origin)
-    coef, cov = solved
-    center = sum(r[1] for r in rows) / len(rows)
-    log_level = coef[0] + coef[1] * center
-    var_level = cov[0][0] + 2 * center * cov[0][1] + center * center * cov[1][1]
-    slope, kept = _shrunk(coef[1], cov[1][1])
-    last = max(r[1] for r in rows)
+    xs = [day + 0.5 for day, _ in days]
+    ys = [math.log(max(value, floor)) for _, value in days]
+    weekdays = xs[-1] - xs[0] >= 13
+    raw, low, high = theil_sen(xs, ys, Z90, 7 if weekdays else 1)
+    center = sum(xs) / len(xs)
+    log_level = statistics.median(y - raw * (x - center) for x, y in zip(xs, ys, strict=True))
+    residuals = [y - log_level - raw * (x - center) for x, y in zip(xs, ys, strict=True)]
+    var_level = sum(e * e for e in residuals) / max(len(xs) - 2, 1) / len(xs)
+    var_slope = ((high - low) / (2 * Z90)) ** 2
+    slope, kept = _shrunk(raw, var_slope)
     return Trend(
         origin,
         center,
         log_level,
         slope,
-        coef[1],
+        raw,
         var_level,
-        cov[1][1],
+        var_slope,
         kept,
         len(days),
         weekdays,
-        last,
+        xs[-1],
+        low,
+        high,
     )
 
 
@@ -168,8 +171,9 @@ def _shrunk(slope: float, var_slope: float) -> tuple[float, float]:
     is short when traffic returns. Returns the slope and the share kept."""
     if slope <= 0:
         return 0.0, 0.0
-    t2 = slope * slope / var_slope if var_slope > 0 else 0.0
-    kept = max(0.0, 1.0 - 1.0 / t2) if t2 > 0 else 0.0
+    if var_slope <= 0:  # every pair of days agrees: nothing to shrink
+        return slope, 1.0
+    kept = max(0.0, 1.0 - var_slope / (slope * slope))
     return slope * kept, kept
 
 
@@ -189,56 +193,6 @@ def _daily_means(
         for day in sorted(sums)
         if counts[day] >= MIN_DAY_COVERAGE * expected
     ]
-
-
-def _design(day: int, origin: float, weekdays: bool) -> list[float]:
-    """A row of the trend's design: intercept, day at its middle, and day-of-week contrasts
-    (sum-to-zero, so the intercept and slope stay those of an average day)."""
-    row = [1.0, day + 0.5]
-    if weekdays:
-        weekday = int(((origin + (day + 0.5) * DAY - MONDAY_OFFSET) % WEEK) // DAY)
-        row += [(1.0 if weekday == k else 0.0) - (1.0 if weekday == 6 else 0.0) for k in range(6)]
-    return row
-
-
-def _least_squares(
-    rows: list[list[float]], ys: list[float]
-) -> tuple[list[float], list[list[float]]] | None:
-    """Ordinary least squares: coefficients and their covariance, or None when the design is
-    singular or leaves no degree of freedom for the error."""
-    p = len(rows[0])
-    n = len(rows)
-    if n <= p:
-        return None
-    xtx = [[sum(r[i] * r[j] for r in rows) for j in range(p)] for i in range(p)]
-    inverse = _invert(xtx)
-    if inverse is None:
-        return None
-    xty = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(p)]
-    coef = [sum(inverse[i][j] * xty[j] for j in range(p)) for i in range(p)]
-    residuals = [
-        y - sum(c * x for c, x in zip(coef, r, strict=True)) for r, y in zip(rows, ys, strict=True)
-    ]
-    sigma2 = sum(e * e for e in residuals) / (n - p)
-    return coef, [[sigma2 * v for v in row] for row in inverse]
-
-
-def _invert(matrix: list[list[float]]) -> list[list[float]] | None:
-    """Gauss-Jordan inverse with partial pivoting; None when singular."""
-    n = len(matrix)
-    a = [[*row, *(1.0 if i == j else 0.0 for j in range(n))] for i, row in enumerate(matrix)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
-        if abs(a[pivot][col]) < 1e-12:
-            return None
-        a[col], a[pivot] = a[pivot], a[col]
-        scale = a[col][col]
-        a[col] = [v / scale for v in a[col]]
-        for r in range(n):
-            if r != col and a[r][col]:
-                factor = a[r][col]
-                a[r] = [v - factor * w for v, w in zip(a[r], a[col], strict=True)]
-    return [row[n:] for row in a]
 
 
 #: Hour-of-week slots once this many weeks of history are there; hour of day before.

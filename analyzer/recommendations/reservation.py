@@ -273,7 +273,7 @@ def _forward_evidence(forward: ForwardFit) -> tuple[str, ...]:
     if trend.days == 0:
         growth = "trend: too few days to fit one, taken as flat"
     else:
-        lo, hi = trend.growth_interval(0.9)
+        lo, hi = trend.growth_interval()
         fitted = trend.fitted_growth_per_week_ratio
         why = (
             "a decline is not followed"
@@ -285,9 +285,9 @@ def _forward_evidence(forward: ForwardFit) -> tuple[str, ...]:
             else "as fitted"
         )
         growth = (
-            f"growth: {fitted:+.1%} a week fitted on {trend.days} daily means (90% interval "
+            f"growth: {fitted:+.1%} a week (Theil-Sen on {trend.days} daily means, 90% interval "
             f"{lo:+.1%} to {hi:+.1%}"
-            + (", day-of-week effects removed" if trend.weekday_effects else "")
+            + (", same weekdays compared" if trend.weekday_effects else "")
             + f"); {trend.growth_per_week_ratio:+.1%} a week used ({why})"
         )
     bt = forward.backtest
@@ -333,7 +333,7 @@ def _forward_details(
     forward: ForwardFit, window: ForwardWindow, validated: ForwardFit
 ) -> tuple[tuple[str, Any], ...]:
     trend = forward.forecast.trend
-    lo, hi = trend.growth_interval(0.9)
+    lo, hi = trend.growth_interval()
     growth = {
         "used_per_week_ratio": trend.growth_per_week_ratio,
         "fitted_per_week_ratio": trend.fitted_growth_per_week_ratio if trend.days else None,
