@@ -17,7 +17,7 @@ from analyzer.owners import account
 from analyzer.prices import Accounting
 from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
-from analyzer.summary import sparkline, summarize
+from analyzer.summary import sparkline, summarize, top_actions
 from analyzer.thresholds import Thresholds
 
 SCHEMA = "aiscope.analysis/1"
@@ -61,6 +61,9 @@ def analyze(
         findings.append(entry)
     summary = summarize(data, verdicts, results.findings)
     summary["timeline"]["start"] = iso(summary["timeline"]["start"])
+    if books.bill["cost"] is not None:  # priced: each top action says what it cost
+        costs = tuple(entry["cost"] for entry in books.findings)
+        summary["top_actions"] = top_actions(results.findings, costs=costs)
     return {
         "schema": SCHEMA,
         "window": {"start": iso(data.window_start), "end": iso(data.window_end)},

@@ -61,10 +61,14 @@ def summarize(
     }
 
 
-def top_actions(findings: tuple[Finding, ...], n: int = 3) -> list[dict[str, Any]]:
+def top_actions(
+    findings: tuple[Finding, ...], n: int = 3, costs: tuple[float | None, ...] | None = None
+) -> list[dict[str, Any]]:
     """The costliest remedies: findings grouped by what one would act on (a job's input
-    pipeline, a holder to release, a pair of tenants to separate)."""
+    pipeline, a holder to release, a pair of tenants to separate). With ``costs`` (aligned with
+    ``findings``; :mod:`analyzer.owners`), each action also says what it cost."""
     groups: dict[tuple[str, str], list[Finding]] = {}
+    money = dict(zip(map(id, findings), costs, strict=True)) if costs is not None else {}
     for f in findings:
         if f.kind == "starved":
             verb = {
@@ -91,6 +95,7 @@ def top_actions(findings: tuple[Finding, ...], n: int = 3) -> list[dict[str, Any
             "kind": kind,
             "gpus": len({f.uuid for f in group}),
             "gpu_hours": round(sum(f.gpu_hours_lost for f in group), 1),
+            **({"cost": round(sum(money[id(f)] or 0.0 for f in group), 2)} if money else {}),
         }
         for (action, kind), group in ranked[:n]
     ]

@@ -56,6 +56,7 @@ def top_actions(doc: dict[str, Any]) -> list[str]:
     return [
         f"{a['action']}: {a['gpu_hours']:,.0f} GPU-hours on {a['gpus']} GPU"
         + ("s" if a["gpus"] != 1 else "")
+        + (f" ({money(a['cost'], doc)})" if a.get("cost") is not None else "")
         for a in doc["summary"]["top_actions"]
     ]
 

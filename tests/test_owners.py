@@ -415,6 +415,9 @@ def test_the_report_shows_owners_and_money(owned_store: Path) -> None:
     bob = _by_owner(doc)["bob"]
     waste = f"- bob (user): {bob['idle_held_gpu_hours']:,.1f} GPU-h idle-held, 0.0 GPU-h starved"
     assert f"{waste} ({money(bob['waste_cost'], doc)})" in section
+    for action in doc["summary"]["top_actions"]:  # each top action says what it cost
+        assert f"{action['gpu_hours']:,.0f} GPU-hours" in md and action["cost"] > 0
+        assert f"({money(action['cost'], doc)})" in md
     page = render_html(doc)
     assert '<section id="owners">' in page and '<a href="#owners">' in page
     assert "cost of the window" in page
