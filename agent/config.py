@@ -58,6 +58,11 @@ class AgentConfig:
     nvml_deadline: float = 2.0
     duration: float | None = None
     config_file: Path | None = None  # where the file settings came from (for [thresholds])
+    #: A fleet LOCATION to publish closed intervals to ("" = do not publish), how often, and
+    #: the length of one segment (a divisor of a day).
+    publish: str = ""
+    publish_interval: float = 300.0
+    publish_segment: float = 3600.0
 
 
 def default_store() -> Path:
@@ -136,8 +141,35 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "node": lambda v: _nonempty(str(v)),
     "store": lambda v: resolve_store(Path(str(v)).expanduser()),
     "listen": parse_listen,
+    "publish": lambda v: _location(str(v)),
+    "publish_interval": _positive_float,
+    "publish_segment": lambda v: _segment(_positive_float(v)),
 }
 KEYS = tuple(_PARSERS)
+#: ``[publish]`` keys and the agent keys they stand for.
+PUBLISH_KEYS = {
+    "to": "publish",
+    "location": "publish",
+    "interval": "publish_interval",
+    "segment": "publish_segment",
+}
+
+
+def _location(text: str) -> str:
+    """A LOCATION, checked (:func:`agent.location.parse`) and kept as the user wrote it."""
+    from agent.location import BadLocation, parse  # noqa: PLC0415
+
+    try:
+        parse(text)
+    except BadLocation as exc:
+        raise ValueError(str(exc).removeprefix("--to ").removeprefix("--to: ")) from None
+    return text.strip()
+
+
+def _segment(seconds: float) -> float:
+    if not (1 <= seconds <= 86400 and (86400 / seconds).is_integer()):
+        raise ValueError("a segment must divide a day into whole seconds (300, 3600, ...)")
+    return seconds
 
 
 def _nonempty(text: str) -> str:
@@ -178,7 +210,20 @@ def read_toml(path: Path) -> dict[str, Any]:
     unknown = sorted(set(table) - set(KEYS))
     if unknown:
         raise ConfigError(f"{path}: unknown key agent.{unknown[0]} (known: {', '.join(KEYS)})")
-    return table
+    return {**_publish_table(path, data.get("publish", {})), **table}
+
+
+def _publish_table(path: Path, table: Any) -> dict[str, Any]:
+    """``[publish] to = "s3://…", interval = 300, segment = 3600`` as agent keys (the
+    ``[agent]`` table's ``publish*`` keys win)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [publish] must be a table")
+    unknown = sorted(set(table) - set(PUBLISH_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown key publish.{unknown[0]} (known: {', '.join(PUBLISH_KEYS)})"
+        )
+    return {PUBLISH_KEYS[k]: v for k, v in table.items()}
 
 
 def load_config(

@@ -637,6 +637,69 @@ class PodInfoCollector(Collector):
         yield errors
 
 
+class PublishCollector(Collector):
+    """``aiscope_publish_*``: the agent's publishing to its fleet location (``--publish``)."""
+
+    def __init__(self, node: str, stats: Callable[[], Any]) -> None:
+        self._node = node
+        self._stats = stats  # -> agent.publish.PublishStats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        labels = ["node", "location"]
+        values = [self._node, s.location]
+
+        def family(
+            kind: type[CounterMetricFamily | GaugeMetricFamily],
+            name: str,
+            doc: str,
+            value: float | None,
+        ) -> Metric:
+            metric = kind(name, doc, labels=labels)
+            if value is not None:
+                metric.add_metric(values, value)
+            return metric
+
+        yield family(CounterMetricFamily, "aiscope_publish_runs", "Publish runs.", s.runs_total)
+        yield family(
+            CounterMetricFamily,
+            "aiscope_publish_failures",
+            "Publish runs that failed (the next ones back off; rows stay in the store).",
+            s.failures_total,
+        )
+        yield family(
+            CounterMetricFamily, "aiscope_publish_segments", "Segments written.", s.segments_total
+        )
+        yield family(CounterMetricFamily, "aiscope_publish_rows", "Rows published.", s.rows_total)
+        yield family(
+            CounterMetricFamily, "aiscope_publish_bytes", "Segment bytes written.", s.bytes_total
+        )
+        yield family(
+            GaugeMetricFamily,
+            "aiscope_publish_last_success_timestamp_seconds",
+            "When a publish run last succeeded.",
+            s.last_success_ts,
+        )
+        yield family(
+            GaugeMetricFamily,
+            "aiscope_publish_duration_seconds",
+            "How long the last publish run took.",
+            s.last_duration_seconds,
+        )
+        yield family(
+            GaugeMetricFamily,
+            "aiscope_publish_up",
+            "1 when the last publish run succeeded, 0 when it failed.",
+            None if s.last_ok is None else float(s.last_ok),
+        )
+        yield family(
+            GaugeMetricFamily,
+            "aiscope_publish_lag_seconds",
+            "How far the fleet location is behind: now minus the oldest table's watermark.",
+            s.lag_seconds,
+        )
+
+
 class AnalysisSink(Collector):
     """The latest trailing analysis, exported as gauges, and the analysis job's own health.
 

@@ -61,10 +61,10 @@ class BadSegmentLength(BadInput):
 
 def check_segment_seconds(seconds: float) -> float:
     """``seconds`` if it divides a day into whole slots of at least a minute, else an error."""
-    if not (60 <= seconds <= DAY_SECONDS and (DAY_SECONDS / seconds).is_integer()):
+    if not (1 <= seconds <= DAY_SECONDS and (DAY_SECONDS / seconds).is_integer()):
         raise BadSegmentLength(
-            f"segment length {seconds:g}s must divide a day into whole slots of at least "
-            "60s (e.g. 300, 900, 3600, 86400)"
+            f"--segment {seconds:g}: a segment must divide a day into whole seconds "
+            "(e.g. 300, 900, 3600, 86400)"
         )
     return seconds
 
@@ -136,6 +136,9 @@ def publish(
             totals = [a + b for a, b in zip(totals, done, strict=True)]
             store.set_published(location.url, table, hi)
             marks[table] = hi
+        if state.oldest.get(table) is None and math.isfinite(end) and end > marks[table]:
+            store.set_published(location.url, table, end)  # empty: nothing can arrive before
+            marks[table] = end
     return PublishResult(segments=totals[0], rows=totals[1], bytes=totals[2], watermarks=marks)
 
 
@@ -144,6 +147,8 @@ def _closed(table: str, state: PublishState, until: float, segment_seconds: floa
     raw = table.removesuffix("_1m")
     if raw != table:  # a rollup: only minutes already rolled up are final
         rolled = state.rolled_up_until.get(raw, -math.inf)
+        if not math.isfinite(rolled):
+            return -math.inf  # nothing rolled up yet
         return min(until, math.floor(rolled / segment_seconds) * segment_seconds)
     return until
 

@@ -607,7 +607,7 @@ class Store:
                 path=files[(float(s), int(n))],
                 rows=int(rows),
             )
-            for s, n, rows in counts
+            for s, n, rows in sorted(counts, key=lambda c: (c[1], c[0]))
         ]
 
     def set_published(self, location: str, table: str, until: float) -> None:

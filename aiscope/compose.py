@@ -21,6 +21,7 @@ from agent.exporter import (
     AnalysisSink,
     DcgmCompatCollector,
     PodInfoCollector,
+    PublishCollector,
     build_registry,
     serve,
 )
@@ -92,6 +93,10 @@ def build_agent(
     if pods is not None:
         collectors.append(PodInfoCollector(config.node, pods.snapshot))
         jobs.append(("pods", lambda: store.add(pods.refresh()), POD_REFRESH_SECONDS))
+    if config.publish:
+        publisher = _publisher(config, store)
+        collectors.append(PublishCollector(config.node, publisher.stats))
+        jobs.append(("publish", publisher.run, config.publish_interval))
     registry = build_registry(collectors)
     return Agent(
         config=config,
@@ -103,6 +108,22 @@ def build_agent(
 
 
 POD_REFRESH_SECONDS = 60.0
+
+
+def _publisher(config: AgentConfig, store: Store) -> Any:
+    """The agent's publish job (``--publish``): its own scheduler job, never the sampler's."""
+    from agent.location import parse  # noqa: PLC0415
+    from agent.publish import PublishJob  # noqa: PLC0415
+
+    # Rows reach the buffer within a tick and leave it with a flush; the job also waits for
+    # the oldest buffered row, so a margin of two of each covers a row in flight.
+    lateness = 2 * max(config.interval, config.process_interval, config.flush_interval)
+    return PublishJob(
+        store,
+        parse(config.publish, "--publish"),
+        config.publish_segment,
+        lateness_seconds=lateness,
+    )
 
 
 def _pod_directory(config: AgentConfig) -> PodDirectory | None:
