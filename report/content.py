@@ -231,9 +231,14 @@ def recommendation_fields(r: dict[str, Any]) -> list[str]:
     effect = r.get("effect", {})
     if r["kind"] == "reservation":
         rp = r["replay"]["recommended"]
+        peak = r["replay"].get("peak")
+        growth = (r.get("growth") or {}).get("used_per_week_ratio")
         out.append(
             f"pool {service_name(r)}: {r['gpus']} GPUs at p{round(r['quantile'] * 100)}; replay: "
-            f"{rp['under_ratio']:.1%} of intervals under, {rp['idle_gpu_hours']:,.0f} GPU-h idle"
+            f"{rp['under_ratio']:.1%} of intervals under"
+            + (f" (reserving the peak: {peak['under_ratio']:.1%})" if peak else "")
+            + f", {rp['idle_gpu_hours']:,.0f} GPU-h idle"
+            + (f"; growth used {growth:+.0%} a week" if growth is not None else "")
         )
     if r["kind"] == "split":
         out.append("pools: " + pools_text(r["pools"]))

@@ -149,3 +149,27 @@ def test_forward_replay_on_real_servegen_services() -> None:
 
     assert statistics.median(under("forward")) < statistics.median(under("last week p99"))
     assert max(under("forward")) <= max(under("peak")) + 0.01
+
+
+def test_the_report_line_carries_the_forward_replay_and_growth() -> None:
+    from report.content import recommendation_fields
+
+    rec = {
+        "kind": "reservation",
+        "pool": "pod serving/chat-api",
+        "gpus": 12,
+        "quantile": 0.99,
+        "replay": {
+            "recommended": {"under_ratio": 0.004, "idle_gpu_hours": 310.0},
+            "peak": {"under_ratio": 0.0001, "idle_gpu_hours": 700.0},
+        },
+        "growth": {"used_per_week_ratio": 0.2},
+        "effect": {"gpus_needed": 2, "gpus_freed": 0, "risk": "low"},
+        "confidence": 0.85,
+    }
+    line = recommendation_fields(rec)[0]
+    assert "0.4% of intervals under (reserving the peak: 0.0%)" in line
+    assert "growth used +20% a week" in line
+    # An analysis written before issue 18 (no growth, no peak replay) still renders.
+    del rec["growth"], rec["replay"]["peak"]
+    assert "growth" not in recommendation_fields(rec)[0]
