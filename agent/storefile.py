@@ -89,6 +89,33 @@ def latest_plausible_ts(now: float | None = None) -> float:
     return (time.time() if now is None else now) + FUTURE_TOLERANCE_SECONDS
 
 
+#: What a GPU or host can report, by the unit a column's name ends with (our naming rule), with
+#: room to spare: no GPU holds 16 TiB, draws 10 kW, moves a TB/s over one link or runs at 20 GHz.
+PLAUSIBLE_RANGES: tuple[tuple[str, float, float], ...] = (
+    ("_ratio", 0.0, 1.0),
+    ("_bytes_per_second", 0.0, 1e12),
+    ("_bytes", 0.0, float(16 << 40)),
+    ("_watts", 0.0, 10_000.0),
+    ("_celsius", -50.0, 200.0),
+    ("_hertz", 0.0, 2e10),
+    ("_joules", 0.0, 1e15),
+    ("_errors", 0.0, 1e15),
+)
+
+
+def out_of_range_sql(cols: tuple[str, ...]) -> str | None:
+    """A SQL condition true for a row with a value outside :data:`PLAUSIBLE_RANGES` (NaN and
+    infinities included), or ``None`` when no column has a ranged unit. Only our column names
+    and constants reach the text."""
+    tests = []
+    for col in cols:
+        rule = next((r for r in PLAUSIBLE_RANGES if col.endswith(r[0])), None)
+        if rule is not None:
+            _, low, high = rule
+            tests.append(f"NOT ({col} IS NULL OR ({col} >= {low!r} AND {col} <= {high!r}))")
+    return " OR ".join(tests) or None
+
+
 def rollup(table: str) -> str:
     """The per-minute rollup table of ``table`` (``gpu_samples`` -> ``gpu_samples_1m``)."""
     if table not in ROLLUP_COLUMNS:
@@ -455,10 +482,17 @@ def detach_inputs(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> None:
         ).fetchone()
         if attached and attached[0]:
             con.execute(f"DETACH r_{alias}")
+    _clean_scratch(id(con))
+
+
+def _clean_scratch(key: int | None = None) -> None:
+    """Delete fetched segments: one connection's, or (at exit) every one left behind by a
+    reader that closed its connection without detaching."""
     import shutil  # noqa: PLC0415
 
-    for folder in _SCRATCH.pop(id(con), []):
-        shutil.rmtree(folder, ignore_errors=True)
+    for k in [key] if key is not None else list(_SCRATCH):
+        for folder in _SCRATCH.pop(k, []):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _create_shapes(con: duckdb.DuckDBPyConnection) -> None:
@@ -560,7 +594,11 @@ def _fetch(con: duckdb.DuckDBPyConnection, location: loc.Location, relpaths: lis
     """Copy segments of an object store into a scratch folder (deleted on detach)."""
     import tempfile  # noqa: PLC0415
 
+    import atexit  # noqa: PLC0415
+
     scratch = Path(tempfile.mkdtemp(prefix="aiscope-segments-"))
+    if not _SCRATCH:
+        atexit.register(_clean_scratch)
     _SCRATCH.setdefault(id(con), []).append(scratch)
     loc.fetch(location, relpaths, scratch)
     return scratch

@@ -721,8 +721,11 @@ def report_command(
     ] = None,
     since: SinceOption = "7d",
     out: Annotated[
-        Path | None,
-        typer.Option(help="Write to FILE: .html (self-contained), .md or .json (the contract)."),
+        list[Path] | None,
+        typer.Option(
+            help="Write to FILE: .html (self-contained), .md or .json (the contract). Repeat it "
+            "for several formats from one analysis."
+        ),
     ] = None,
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
@@ -744,6 +747,7 @@ def report_command(
       aiscope report --store /var/lib/aiscope
       aiscope report --store 'fleet/*.duckdb' --out report.html
       aiscope report --store fleet/ --since 24h --out today.md
+      aiscope report --store s3://telemetry/aiscope --out a.html --out a.md --out a.json
       aiscope report --prometheus http://prometheus:9090 --out report.html
       aiscope report --prometheus https://thanos:10902 --prometheus-ca-file ca.pem \\
         --prometheus-bearer-token-file /run/secrets/token --match '{cluster="a"}'
@@ -760,21 +764,22 @@ def report_command(
         prometheus_header,
         prometheus_ca_file,
     )
-    if out is not None:
-        check_out(out)  # before the analysis, which can take a while
+    for target in out or []:
+        check_out(target)  # before the analysis, which can take a while
     doc = _analysis(store, since, wait, config, source)
     if source is None:
         _attach_plan(doc, store, wait, config)
-    if out is None:
+    if not out:
         from report.text import render  # noqa: PLC0415
 
         render(doc)
         return
-    try:
-        write(doc, out)
-    except OSError as exc:
-        raise Failure(f"--out {out}: cannot write ({exc.strerror})") from exc
-    typer.echo(f"wrote {out}")
+    for target in out:  # one analysis, every file written from it
+        try:
+            write(doc, target)
+        except OSError as exc:
+            raise Failure(f"--out {target}: cannot write ({exc.strerror})") from exc
+        typer.echo(f"wrote {target}")
 
 
 @app.command("demo")
@@ -963,6 +968,7 @@ def _job_document(
     from agent.config import default_store  # noqa: PLC0415
     from analyzer.job import UnknownJob, job_summary  # noqa: PLC0415
     from analyzer.load import InputError  # noqa: PLC0415
+    from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
 
     allocated = _allocated(node, allocated_gpus)
@@ -976,6 +982,7 @@ def _job_document(
                 from_file(config),
                 ended,
                 allocated,
+                accounting_from_file(config),
             )
             update(1.0)
         return doc

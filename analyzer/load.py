@@ -574,13 +574,12 @@ class Usage:
 
 
 @sf.reads_stores
-def holdings(paths: list[Path], timeout: float = 10.0) -> Holdings:
+@sf.reads_stores
+def holdings(paths: Sequence[sf.Input], timeout: float = 10.0) -> Holdings:
     """Every (workload, GPU) the stores' process samples show, with the workload's ids."""
     con = duckdb.connect(":memory:", config={"threads": 2})
-    aliases = [f"s{i}" for i in range(len(paths))]
     try:
-        for alias, path in zip(aliases, paths, strict=True):
-            sf.attach_read_only(con, alias, path, timeout)
+        aliases = sf.attach_inputs(con, list(paths), timeout)
         rows = con.execute(
             f"SELECT tenant, any_value(job), any_value(uid), any_value(ns), any_value(pod), "
             "any_value(unit), any_value(usr), node, uuid, min(ts), max(ts), max(mem), "
@@ -603,6 +602,7 @@ def holdings(paths: list[Path], timeout: float = 10.0) -> Holdings:
             f"SELECT DISTINCT node, uuid, gpu_index FROM ({_union(aliases, sf.DEVICES)}) "
             "ORDER BY 1, 3, 2"
         ).fetchall()
+        sf.detach_inputs(con, aliases)
     finally:
         con.close()
     return Holdings(
@@ -614,17 +614,16 @@ def holdings(paths: list[Path], timeout: float = 10.0) -> Holdings:
 
 
 @sf.reads_stores
+@sf.reads_stores
 def usage(
-    paths: list[Path], spans: list[tuple[str, str, float, float]], timeout: float = 10.0
+    paths: Sequence[sf.Input], spans: list[tuple[str, str, float, float]], timeout: float = 10.0
 ) -> dict[tuple[str, str], Usage]:
     """Per (node, uuid, start, end) span: the GPU's raw samples in ``[start, end]`` summarized."""
     if not spans:
         return {}
     con = duckdb.connect(":memory:", config={"threads": 2})
-    aliases = [f"s{i}" for i in range(len(paths))]
     try:
-        for alias, path in zip(aliases, paths, strict=True):
-            sf.attach_read_only(con, alias, path, timeout)
+        aliases = sf.attach_inputs(con, list(paths), timeout)
         con.execute("CREATE TEMP TABLE spans (node VARCHAR, uuid VARCHAR, s DOUBLE, e DOUBLE)")
         con.executemany("INSERT INTO spans VALUES (?, ?, ?, ?)", spans)
         rows = con.execute(
@@ -638,6 +637,7 @@ def usage(
             f"FROM ({_union(aliases, sf.DEVICES)}) GROUP BY ALL) d "
             "ON d.node = w.node AND d.uuid = w.uuid GROUP BY w.node, w.uuid"
         ).fetchall()
+        sf.detach_inputs(con, aliases)
     finally:
         con.close()
     return {(node, uuid): Usage(int(n), *rest) for node, uuid, n, *rest in rows}
@@ -677,14 +677,16 @@ class History:
 
 
 @sf.reads_stores
-def history(paths: list[Path], since_seconds: float | None, timeout: float = 10.0) -> History:
+def history(
+    paths: Sequence[sf.Input], since_seconds: float | None, timeout: float = 10.0
+) -> History:
     """Hourly GPU demand over everything stored (or the last ``since_seconds``): raw samples,
     and before a GPU's first raw sample its minute rollups (kept far longer than raw)."""
     con = duckdb.connect(":memory:", config={"threads": 2})
-    aliases = [f"s{i}" for i in range(len(paths))]
     try:
-        for alias, path in zip(aliases, paths, strict=True):
-            sf.attach_read_only(con, alias, path, timeout)
+        # Node stores and published segments alike (the fleet alias's rollup stand-ins are
+        # whole minutes before each node's first raw sample, so the fallback below adds none).
+        aliases = sf.attach_inputs(con, list(paths), timeout, since_seconds)
         _history_minutes(con, aliases, since_seconds)
         row = con.execute("SELECT min(minute), max(minute) FROM minutes").fetchone()
         if row is None or row[1] is None:
