@@ -592,9 +592,8 @@ def _segment_views(
 
 def _fetch(con: duckdb.DuckDBPyConnection, location: loc.Location, relpaths: list[str]) -> Path:
     """Copy segments of an object store into a scratch folder (deleted on detach)."""
-    import tempfile  # noqa: PLC0415
-
     import atexit  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
 
     scratch = Path(tempfile.mkdtemp(prefix="aiscope-segments-"))
     if not _SCRATCH:
