@@ -173,3 +173,21 @@ def test_the_report_line_carries_the_forward_replay_and_growth() -> None:
     # An analysis written before issue 18 (no growth, no peak replay) still renders.
     del rec["growth"], rec["replay"]["peak"]
     assert "growth" not in recommendation_fields(rec)[0]
+
+
+def test_three_weeks_give_an_hour_of_week_schedule_that_keeps_the_weekend() -> None:
+    """With three weeks the schedule is by hour of week; weekends at half the weekday load stay
+    lower in it, and the same-weekday trend does not read the weekend as a decline."""
+    times, demand = _demand(22, 0.0, noise=0.03)
+    weekday = [
+        d if ((t - MONDAY) % WEEK) < 5 * DAY else d / 2 for t, d in zip(times, demand, strict=True)
+    ]
+    forward = fit_forward(
+        times, weekday, ReservationSettings(), (times[-1] + STEP, times[-1] + WEEK)
+    )
+    schedule = forward.schedule
+    assert schedule.period_seconds == WEEK and len(schedule.gpus) == 168
+    wednesday, sunday = MONDAY + 2 * DAY + 14 * 3600, MONDAY + 6 * DAY + 14 * 3600
+    assert schedule.at(sunday) < 0.8 * schedule.at(wednesday)
+    assert forward.forecast.trend.weekday_effects
+    assert abs(forward.forecast.trend.fitted_growth_per_week_ratio) < 0.05
