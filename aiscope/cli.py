@@ -337,11 +337,12 @@ def import_nvidia_smi(
         result = import_files(list(files), writer, node, field_list, utc_offset)
     finally:
         writer.close()
+    refused = (writer.out_of_range_rows_total, writer.implausible_rows_total)
     typer.echo(
         f"imported {result.samples_written} GPU samples and {result.processes_written} process "
         f"samples for {len(result.gpus)} GPUs from {result.files} file(s) into {path}; "
         f"{result.duplicates} already stored, {result.malformed} malformed lines skipped"
-        f"{_refused(result.out_of_range, result.implausible_time)}"
+        f"{_refused(result.out_of_range + refused[0], refused[1])}"
     )
 
 
@@ -397,10 +398,12 @@ def import_dcgm_command(
         result = import_dcgm(list(files), writer, node, interval)
     finally:
         writer.close()
+    refused = (writer.out_of_range_rows_total, writer.implausible_rows_total)
     typer.echo(
         f"imported {result.samples_written} GPU samples and {result.processes_written} holder "
         f"samples for {len(result.gpus)} GPUs from {result.files} file(s) into {path}; "
         f"{result.duplicates} already stored, {result.malformed} malformed lines skipped"
+        f"{_refused(*refused)}"
     )
 
 
@@ -443,10 +446,12 @@ def import_nvidia_smi_xml(
         result = import_xml(list(files), writer, node, utc_offset)
     finally:
         writer.close()
+    refused = (writer.out_of_range_rows_total, writer.implausible_rows_total)
     typer.echo(
         f"imported {result.samples_written} GPU samples and {result.processes_written} process "
         f"samples for {len(result.gpus)} GPUs from {result.files} file(s) into {path}; "
         f"{result.duplicates} already stored, {result.malformed} malformed elements skipped"
+        f"{_refused(*refused)}"
     )
 
 

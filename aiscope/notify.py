@@ -71,9 +71,10 @@ class NotifyConfig:
         return self.smtp_host is not None
 
     def address(self, notice: Notice) -> str | None:
-        """Where a notice goes: the owners map (by user, else by workload), else the user at
+        """Where a notice goes: the owners map (by user, else by workload, else by the owner
+        ``owners[]`` accounts it to: a team, account or namespace), else the user at
         ``user_domain``; ``None`` when the owner is not known (the platform team is told)."""
-        for key in (notice.user, notice.subject):
+        for key in (notice.user, notice.subject, notice.owner):
             if key and key in self.owners:
                 return self.owners[key]
         if notice.user and self.user_domain:

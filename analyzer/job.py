@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.analysis import analyze, iso, parse_duration
-from analyzer.load import Holding, Holdings, InputError, Usage, expand, holdings, usage
+from analyzer.load import Holding, Holdings, InputError, Usage, holdings, inputs, usage
+from analyzer.prices import Accounting
 from analyzer.recommendations.consolidate import profiles_for
 from analyzer.thresholds import Thresholds
 
@@ -172,20 +173,22 @@ def job_summary(
     thresholds: Thresholds | None = None,
     ended: bool = False,
     allocated: tuple[str, tuple[int, ...]] | None = None,
+    accounting: Accounting | None = None,
 ) -> dict[str, Any]:
     """The ``aiscope.job/1`` document of ``job_id`` in ``stores``.
 
     ``since`` is the analysis window (default: a week, or as long as the job); ``ended`` says the
     job is over (the epilog knows; the stores may not yet); ``allocated`` is (node, GPU indexes)
-    the scheduler gave the job there, so GPUs it never touched count too.
+    the scheduler gave the job there, so GPUs it never touched count too; ``accounting``
+    (``[owners]``, ``[prices]``) gives the job its owner and its GPU-hours a price.
     """
-    paths = expand(stores)
+    paths = inputs(stores)
     found = holdings(paths, timeout)
     job = find_job(found, job_id)
     if since is not None:
         parse_duration(since)
     window = since or covering_since(job, found.newest_ts)
-    doc = analyze(stores, window, timeout, thresholds)
+    doc = analyze(stores, window, timeout, thresholds, accounting)
     spans = _spans(job, doc, found, allocated)
     used = usage(paths, spans, timeout)
     return build(job_id, job, doc, used, found, spans, ended, window, thresholds or Thresholds())
@@ -259,6 +262,11 @@ def build(
     waiting = _waiting(findings, job.tenant, gpu_hours)
     cls = _job_class(gpus)
     changes = _changes(gpus, findings, job.tenant, waiting, cls, end - start, th)
+    price = _price(doc, gpus)
+    for change in changes:
+        change["cost"] = None if price is None else round(change["gpu_hours"] * price, 2)
+    verdict = _verdict(changes, gpu_hours, end - start, th)
+    verdict["cost"] = None if price is None else round(verdict["gpu_hours"] * price, 2)
     return {
         "schema": SCHEMA,
         "job": {
@@ -266,6 +274,7 @@ def build(
             "name": job.tenant,
             "kind": job.kind,
             "user": job.user,
+            "owner": _owner(doc, job.tenant),
             **{k: v for k, v in job.ids.items() if v},
         },
         "state": "running" if running else "ended",
@@ -273,13 +282,35 @@ def build(
         "analysis": {"since": since, "window": doc["window"], "stores": doc.get("stores", [])},
         "nodes": sorted({g["node"] for g in gpus}),
         "gpu_hours": round(gpu_hours, 2),
+        # The job's GPU-hours at its GPUs' prices ([prices]); null without prices.
+        "cost": None if price is None else round(gpu_hours * price, 2),
+        "currency": (doc.get("bill") or {}).get("currency") if price is not None else None,
         "class": cls,
         "waiting": waiting,
         "gpus": gpus,
         "findings": findings,
-        "verdict": _verdict(changes, gpu_hours, end - start, th),
+        "verdict": verdict,
         "changes": changes,
     }
+
+
+def _owner(doc: dict[str, Any], tenant: str) -> str | None:
+    """The owner ``owners[]`` accounts the workload to (a team, account, namespace or user)."""
+    for owner in doc.get("owners") or []:
+        if tenant in owner.get("workloads", []):
+            return str(owner["owner"])
+    return None
+
+
+def _price(doc: dict[str, Any], gpus: list[dict[str, Any]]) -> float | None:
+    """The job's mean price per GPU-hour, from the prices the analysis's bill applied to its
+    GPUs' models; ``None`` without prices."""
+    models = {m["model"]: m.get("gpu_hour") for m in (doc.get("bill") or {}).get("models", [])}
+    weighted = [(models.get(g["model"]), g["held_hours"]) for g in gpus]
+    if not weighted or any(p is None for p, _ in weighted):
+        return None
+    hours = sum(h for _, h in weighted)
+    return sum(float(p or 0.0) * h for p, h in weighted) / hours if hours else None
 
 
 def _index(by_uuid: dict[str, Any], uuid: str) -> int:

@@ -704,22 +704,31 @@ def history(
         con.execute(
             "CREATE TABLE devices AS SELECT node, uuid, any_value(gpu_index) AS gpu_index, "
             "any_value(name) AS name, max(memory_total_bytes) AS total, "
-            f"max(power_limit_watts) AS power_limit FROM ({_union(aliases, sf.DEVICES)}) "
-            "GROUP BY 1, 2"
+            f"max(power_limit_watts) AS power_limit, {_mig_columns(con, aliases)} "
+            f"FROM ({_union(aliases, sf.DEVICES)}) GROUP BY 1, 2"
         )
         gpus = con.execute(
             "SELECT m.node, m.uuid, coalesce(any_value(d.gpu_index), min(m.idx)), "
-            "any_value(d.name), any_value(d.total), any_value(d.power_limit) FROM minutes m "
+            "any_value(d.name), any_value(d.total), any_value(d.power_limit), "
+            "any_value(d.parent), any_value(d.profile), any_value(d.gi) FROM minutes m "
             "LEFT JOIN devices d USING (node, uuid) GROUP BY m.node, m.uuid ORDER BY 1, 3, 2"
         ).fetchall()
     finally:
         con.close()
+    every = [
+        GpuInfo(str(n), str(u), int(i), m, t, p, *mig.identity(str(u), m, *x))
+        for n, u, i, m, t, p, *x in gpus
+    ]
+    # A MIG-partitioned GPU's demand is its instances': it is not counted again.
+    parents = {g.parent_uuid for g in every if g.parent_uuid}
     return History(
         start=float(row[0]),
         end=float(row[1]) + 60.0,
-        gpus=tuple(GpuInfo(str(n), str(u), int(i), m, t, p) for n, u, i, m, t, p in gpus),
+        gpus=tuple(g for g in every if g.uuid not in parents),
         hours=tuple(
-            GpuHour(str(n), str(u), float(h), int(c), a, b, w) for n, u, h, c, a, b, w in hours
+            GpuHour(str(n), str(u), float(h), int(c), a, b, w)
+            for n, u, h, c, a, b, w in hours
+            if u not in parents
         ),
         node_power_p95_watts=None if p95 is None or p95[0] is None else float(p95[0]),
     )

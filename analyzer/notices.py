@@ -56,6 +56,7 @@ class Notice:
     evidence: tuple[str, ...]
     fix: str
     cost: float | None = None
+    owner: str | None = None  # the owner owners[] accounts it to (a team, account, namespace)
 
 
 def _ts(text: str) -> float:
@@ -108,6 +109,7 @@ def _notice(f: dict[str, Any], subject: str, user: str | None) -> Notice:
         evidence=tuple(f.get("evidence", [])),
         fix=fix or FIX["unknown"],
         cost=float(cost) if isinstance(cost, int | float) else None,
+        owner=f.get("owner"),
     )
 
 

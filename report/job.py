@@ -11,14 +11,15 @@ GIB = float(1 << 30)
 def render_job(doc: dict[str, Any]) -> str:
     """The summary as plain text (it is also what a user reads in an epilog's mail)."""
     job, window, cls = doc["job"], doc["window"], doc["class"]
+    who = [f"user {job['user']}"] if job.get("user") else []
+    if job.get("owner") and job.get("owner") != job.get("user"):
+        who.append(f"owner {job['owner']}")
     lines = [
-        f"{job['name']}"
-        + (f" (user {job['user']})" if job.get("user") else "")
-        + f": {doc['state']}",
+        f"{job['name']}" + (f" ({', '.join(who)})" if who else "") + f": {doc['state']}",
         f"  window   {_when(window['start'])} -> {_when(window['end'])} UTC "
         f"({window['hours']:.1f} h{' so far' if doc['state'] == 'running' else ''})",
         f"  GPUs     {len(doc['gpus'])} on {', '.join(doc['nodes'])}, "
-        f"{doc['gpu_hours']:.1f} GPU-hours",
+        f"{doc['gpu_hours']:.1f} GPU-hours{_money(doc.get('cost'), doc)}",
         f"  class    {cls['class'] or 'unknown'}"
         + (f" (confidence {cls['confidence']:.2f})" if cls["confidence"] is not None else ""),
     ]
@@ -29,7 +30,11 @@ def render_job(doc: dict[str, Any]) -> str:
             f"mostly {waiting['cause']}"
         )
     verdict = doc["verdict"]
-    stake = f" ({verdict['gpu_hours']:.1f} GPU-hours)" if verdict["gpu_hours"] else ""
+    stake = (
+        f" ({verdict['gpu_hours']:.1f} GPU-hours{_money(verdict.get('cost'), doc)})"
+        if verdict["gpu_hours"]
+        else ""
+    )
     lines += ["", f"Verdict: {verdict['summary']}{stake}", "", *_table(doc["gpus"])]
     if cls["evidence"]:
         lines += ["", "Why this class:", *(f"  - {e}" for e in cls["evidence"])]
@@ -41,8 +46,18 @@ def render_job(doc: dict[str, Any]) -> str:
     others = doc["changes"][1:] if doc["verdict"]["action"] != "none" else doc["changes"]
     if others:
         lines += ["", "Other changes:"]
-        lines += [f"  - {c['summary']} ({c['gpu_hours']:.1f} GPU-hours)" for c in others]
+        lines += [
+            f"  - {c['summary']} ({c['gpu_hours']:.1f} GPU-hours{_money(c.get('cost'), doc)})"
+            for c in others
+        ]
     return "\n".join(lines)
+
+
+def _money(cost: float | None, doc: dict[str, Any]) -> str:
+    """``, 384.40 USD`` when the analysis had prices; nothing otherwise."""
+    if cost is None:
+        return ""
+    return f", {cost:,.2f} {doc.get('currency') or ''}".rstrip()
 
 
 def _when(iso: str) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_aiscope
+from conftest import REPO, run_aiscope
 
 from aiscope.slurm import decode, encode
 from analyzer.analysis import analyze
@@ -168,3 +168,19 @@ def test_a_workload_is_found_by_every_id_it_has() -> None:
         find_job(found, "ml/llm-1")
     assert err.value.nearest[0] == "ml/llm-0"
     assert err.value.exit_code == 2
+
+
+def test_with_prices_the_job_and_its_verdict_have_a_cost_and_an_owner(
+    demo_two_day_store: Path,
+) -> None:
+    from analyzer.prices import from_file
+
+    accounting = from_file(REPO / "aiscope" / "demo-config.toml")
+    doc = job_summary([str(demo_two_day_store)], "41006", accounting=accounting)
+    assert doc["job"]["owner"] == "llm"  # [owners.accounts] llm = [..., "wei"]
+    assert doc["currency"] == "USD"
+    # 4 H100 at 4.00 per GPU-hour
+    assert doc["cost"] == pytest.approx(doc["gpu_hours"] * 4.0, abs=0.05)
+    assert doc["verdict"]["cost"] == pytest.approx(doc["verdict"]["gpu_hours"] * 4.0, abs=0.05)
+    assert "USD" in render_job(doc)
+    assert job_summary([str(demo_two_day_store)], "41006")["cost"] is None

@@ -318,3 +318,26 @@ def test_systemd_notify_units_verify() -> None:
         check=False,
     )
     assert "aiscope-notify" not in result.stderr, result.stderr
+
+
+def test_addresses_by_user_workload_or_team() -> None:
+    from aiscope.notify import NotifyConfig
+
+    cfg = NotifyConfig(
+        smtp_host="h",
+        sender="a@b.c",
+        to=("platform@b.c",),
+        owners={"ann": "ann@lab.c", "pod ml/x": "oncall@b.c", "vision": "vision@b.c"},
+        user_domain="b.c",
+    )
+    base = choose({"findings": [_finding()]}, {}, NoticeRules())[0]
+    assert cfg.address(base) == "ann@lab.c"
+    import dataclasses
+
+    team = dataclasses.replace(base, user="zed", owner="vision")
+    assert cfg.address(team) == "vision@b.c"
+    pod = dataclasses.replace(base, user=None, subject="pod ml/x")
+    assert cfg.address(pod) == "oncall@b.c"
+    assert cfg.address(dataclasses.replace(base, user="zed")) == "zed@b.c"
+    nobody = dataclasses.replace(base, user=None, subject="unit u")
+    assert cfg.address(nobody) is None
