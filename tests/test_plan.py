@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +259,31 @@ def test_report_has_the_capacity_outlook(tmp_path: Path, growing_store: Path) ->
     assert 'id="outlook"' in page and "<polygon" in page and "capacity" in page
     del doc["plan"]
     assert "Capacity outlook" not in render_markdown(doc)
+
+
+def test_rollups_stand_in_for_pruned_raw_samples(
+    tmp_path: Path, growing_store: Path, plan_doc: dict[str, Any]
+) -> None:
+    """With raw samples pruned to the newest 3 days, the minute rollups carry the history: the
+    same growth and saturation as from the raw samples."""
+    import duckdb
+
+    pruned = tmp_path / "pruned.duckdb"
+    shutil.copy(growing_store, pruned)
+    con = duckdb.connect(str(pruned))
+    newest = con.execute("SELECT max(ts) FROM gpu_samples").fetchone()
+    assert newest is not None
+    con.execute("DELETE FROM gpu_samples WHERE ts < ?", [newest[0] - 3 * 86400])
+    left = con.execute("SELECT count(*) FROM gpu_samples_1m").fetchone()
+    con.close()
+    assert left is not None and left[0] > 0
+    result = run_aiscope("plan", "--store", str(pruned), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["history"] == plan_doc["history"]
+    before = {p["pool"]: p for p in plan_doc["pools"]}
+    for pool in doc["pools"]:
+        assert pool["growth_per_week"] == pytest.approx(
+            before[pool["pool"]]["growth_per_week"], abs=0.005
+        )
+        assert pool["saturation"] == before[pool["pool"]]["saturation"]
