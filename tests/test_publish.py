@@ -456,3 +456,28 @@ def test_relpath_of_keyed_tables_is_the_day_their_interval_ends() -> None:
     seg = SegmentFile("devices", "n1", 1_780_000_000.0, 1_780_099_200.0, Path("x"), 1)
     assert relpath(seg).startswith("table=devices/day=2026-05-29/node=n1/n1_devices_")
     assert set(PUBLISH_TIME_COLUMNS) >= {"gpu_samples_1m", "pods", "agent_events"}
+
+
+def test_deploy_files_publish_to_the_fleet_and_report_from_it() -> None:
+    """The DaemonSet publishes to the configured location, the CronJob and the systemd timer
+    read it, and each analyzes once and writes all three formats (validators: test_deploy)."""
+    import tomllib
+
+    import yaml
+
+    k8s = REPO / "deploy" / "kubernetes"
+    config = yaml.safe_load((k8s / "configmap.yaml").read_text())["data"]["aiscope.toml"]
+    target = tomllib.loads(config)["publish"]["to"]
+    assert loc.parse(target).is_local and target.startswith("/fleet/")
+    daemonset = yaml.safe_load((k8s / "daemonset.yaml").read_text())["spec"]["template"]["spec"]
+    agent = next(c for c in daemonset["containers"] if c["name"] == "agent")
+    assert "/fleet" in {m["mountPath"] for m in agent["volumeMounts"]}
+    assert {"secretRef": {"name": "aiscope-publish", "optional": True}} in agent["envFrom"]
+    cron = yaml.safe_load((k8s / "cronjob.yaml").read_text())
+    report = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    script = " ".join(report["args"])
+    assert f'--store "${{AISCOPE_FLEET:-{target}}}"' in script
+    assert script.count("aiscope report") == 1 and script.count("--out") == 3
+    unit = (REPO / "deploy" / "systemd" / "aiscope-report.service").read_text()
+    assert 'aiscope report --store "$AISCOPE_FLEET"' in unit and unit.count("--out") == 3
+    assert "EnvironmentFile=-/etc/aiscope/report.env" in unit
