@@ -40,6 +40,8 @@ from analyzer.thresholds import Thresholds
 
 UNOWNED = "(unowned)"
 UNATTRIBUTED = "(unattributed)"
+#: The owner kinds of the contract's ``owners[]``.
+CONTRACT_KINDS = ("user", "team", "namespace", "account")
 #: How an interval's GPU-hours went to its holders.
 BASES = ("alone", "sm", "memory", "even")
 _BASIS_WORDS = {
@@ -374,7 +376,10 @@ def _owner_json(o: _Owner, priced: bool) -> dict[str, Any]:
     total = sum(o.gpu_hours.values())
     return {
         "owner": o.name,
-        "kind": o.kind,
+        # The contract's kinds are user|team|namespace|account; the two lines that belong to no
+        # workload are the platform's own (kind "team") and say which they are in "special".
+        "kind": o.kind if o.kind in CONTRACT_KINDS else "team",
+        "special": None if o.kind in CONTRACT_KINDS else o.kind,
         "gpu_hours": {c: round(o.gpu_hours.get(c, 0.0), 2) for c in CLASSES},
         "gpu_hours_total": round(total, 2),
         "idle_gpu_hours": round(o.idle_gpu_hours, 2),

@@ -343,7 +343,11 @@ def owner_table(doc: dict[str, Any], n: int) -> tuple[list[str], list[list[str]]
     rows = [row(o["owner"], o["kind"], [o]) for o in named[:n]]
     if len(named) > n:
         rows.append(row(f"{len(named) - n} more owners", "", named[n:]))
-    rows += [row(o["owner"], o["kind"], [o]) for o in owners if o["owner"] in _SPECIAL_OWNERS]
+    rows += [
+        row(o["owner"], o.get("special") or o["kind"], [o])
+        for o in owners
+        if o["owner"] in _SPECIAL_OWNERS
+    ]
     if owners:
         rows.append(row("total", "", owners))
     return header, rows

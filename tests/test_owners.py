@@ -217,7 +217,10 @@ def _by_owner(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_each_owner_kind_gets_what_it_ran(owned_store: Path) -> None:
     owners = _by_owner(_analyze(owned_store, {}))
-    assert {o["kind"] for o in owners.values()} == {"user", "namespace", "unowned"}
+    assert {o["kind"] for o in owners.values()} == {"user", "namespace", "team"}
+    # the contract's kinds only; the platform's own line says what it is
+    assert owners[UNOWNED]["special"] == "unowned"
+    assert {o["special"] for n, o in owners.items() if n != UNOWNED} == {None}
     # pods by namespace (from the pods table), everything else by the process's user
     chat = owners["serve-prod"]
     assert chat["kind"] == "namespace"
@@ -444,7 +447,7 @@ def test_the_demo_prices_its_teams_and_adds_up(tmp_path: Path) -> None:
         "search": "team",
         "research": "team",
         "bob": "user",
-        UNOWNED: "unowned",
+        UNOWNED: "team",
     }
     assert owners["llm"]["members"] == ["account:llm", "namespace:chat-prod"]
     assert owners["search"]["members"] == ["namespace:search-prod", "user:carol"]
@@ -509,7 +512,7 @@ def test_a_split_always_hands_out_the_whole_interval(readings: list[tuple[Any, A
 def test_a_workload_without_user_or_namespace_is_unattributed_and_named(tmp_path: Path) -> None:
     doc = _analyze(_shared_store(tmp_path / "anon.duckdb", second_user=None), {})
     anon = _by_owner(doc)["(unattributed)"]
-    assert anon["kind"] == "unattributed"
+    assert (anon["kind"], anon["special"]) == ("team", "unattributed")
     assert anon["gpu_hours_total"] == pytest.approx(0.5, abs=0.02)
     assert anon["workloads"] == ["unit serve.service"]
     assert any("no user, namespace or account: unit serve.service" in e for e in anon["evidence"])
