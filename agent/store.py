@@ -60,6 +60,7 @@ from agent.storefile import (
     check_schema,
     connect_read_only,
     latest_plausible_ts,
+    out_of_range_sql,
     refuse_foreign,
     wrap,
 )
@@ -246,6 +247,10 @@ class Store:
         self.last_merge_written = 0
         self.last_merge_skipped = 0
         self.last_merge_implausible = 0
+        self.last_merge_out_of_range = 0
+        #: Rows imports were refused, over this writer's life (for their summary lines).
+        self.implausible_rows_total = 0
+        self.out_of_range_rows_total = 0
         self._writes = 0
         #: Writes between WAL checkpoints (each write is a flush, a rollup or a prune).
         self.checkpoint_every = 6
@@ -449,14 +454,30 @@ class Store:
             con.execute("COMMIT")
             self._in_transaction = False
 
+    def _refuse_implausible(self, con: duckdb.DuckDBPyConnection, cols: tuple[str, ...]) -> None:
+        """Drop staged rows dated in the future or before 2000, and rows with a value no GPU or
+        host can report (by the unit in the column's name), counting each kind."""
+        dated = con.execute(
+            "DELETE FROM temp.import_stage WHERE ts IS NULL OR isnan(ts) OR ts < ? OR ts > ?",
+            [EARLIEST_TS, latest_plausible_ts()],
+        ).fetchone()
+        self.last_merge_implausible = int(dated[0]) if dated else 0
+        rule = out_of_range_sql(cols)
+        ranged = (
+            con.execute(f"DELETE FROM temp.import_stage WHERE {rule}").fetchone() if rule else None
+        )
+        self.last_merge_out_of_range = int(ranged[0]) if ranged else 0
+        self.implausible_rows_total += self.last_merge_implausible
+        self.out_of_range_rows_total += self.last_merge_out_of_range
+
     @contextmanager
     def staging(self, record: type[Any]) -> Iterator[Stage]:
         """Stage rows of ``record`` in memory, then merge them into the store in one transaction,
         skipping rows already stored (same node, GPU, timestamp and source; for process samples
         also the pid; for events, which have no source, the kind instead), and rows dated in
-        the future or before 2000 (a clock that was wrong or never set).
-        ``last_merge_written``, ``last_merge_skipped`` and ``last_merge_implausible`` tell what
-        happened.
+        the future or before 2000 (a clock that was wrong or never set) or holding a value out
+        of range (``out_of_range_sql``). ``last_merge_written``, ``last_merge_skipped``,
+        ``last_merge_implausible`` and ``last_merge_out_of_range`` tell what happened.
 
         Used by imports: a file imported twice adds nothing the second time.
         """
@@ -468,11 +489,7 @@ class Store:
             cols = columns(record)
             key = ["node", "uuid", "ts"] + [k for k in ("source", "pid", "kind") if k in cols]
             on = " AND ".join(f"t.{k} = s.{k}" for k in key)
-            implausible = con.execute(
-                "DELETE FROM temp.import_stage WHERE ts IS NULL OR isnan(ts) OR ts < ? OR ts > ?",
-                [EARLIEST_TS, latest_plausible_ts()],
-            ).fetchone()
-            self.last_merge_implausible = int(implausible[0]) if implausible else 0
+            self._refuse_implausible(con, cols)
             with self._write_lock, self._writer() as db:
                 db.execute("BEGIN TRANSACTION")
                 self._in_transaction = True

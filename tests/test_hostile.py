@@ -597,3 +597,31 @@ def test_agent_exits_1_when_it_loses_rows_at_exit(
     swapper.join()
     assert_refused(rc, err, "rows lost at exit", code=1)
     assert store.read_text() == "not a store any more\n"
+
+
+#: Bad samples in a dcgm-exporter scrape, among good ones: refused and counted, the rest stored.
+BAD_SCRAPES: dict[str, tuple[str, str, str]] = {
+    "utilization 250%": ("DCGM_FI_DEV_GPU_UTIL", "250", "out of range"),
+    "negative power": ("DCGM_FI_DEV_POWER_USAGE", "-5", "out of range"),
+    "temperature 1e9": ("DCGM_FI_DEV_GPU_TEMP", "1e9", "out of range"),
+    "dated 9999": ("DCGM_FI_DEV_GPU_UTIL", "40", "future"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SCRAPES))
+def test_bad_scrape_samples_are_refused_and_counted(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    series, value, said = BAD_SCRAPES[case]
+    labels = '{gpu="0",UUID="GPU-9",Hostname="n9",modelName="NVIDIA H100 80GB HBM3"}'
+    when = 253402300000000 if said == "future" else int((T0 + 120) * 1000)
+    lines = [f"DCGM_FI_DEV_GPU_UTIL{labels} 40 {int((T0 + k * 30) * 1000)}" for k in range(3)]
+    lines.append(f"{series}{labels} {value} {when}")
+    path = tmp_path / "node.prom"
+    path.write_text("\n".join(lines) + "\n")
+    store = tmp_path / "s.duckdb"
+    rc, out, err = run(capsys, "import", "dcgm", str(path), "--store", str(store))
+    assert rc == 0, err
+    assert "1 rows" in out and said in out, out
+    rows = _rows(store, "SELECT ts, utilization_gpu_ratio FROM gpu_samples ORDER BY ts")
+    assert [(round(float(ts) - T0), u) for ts, u in rows] == [(0, 0.4), (30, 0.4), (60, 0.4)]
