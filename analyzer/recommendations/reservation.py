@@ -4,15 +4,20 @@ Method:
 
 1. The service's demand curve in GPU-equivalents (:mod:`analyzer.recommendations.demand`) at a
    target utilization that leaves latency headroom.
-2. A schedule: per hour-of-week (two weeks of history or more, else per hour-of-day), the
-   ``quantile`` (default p99) of demand, recent days weighted more (a half-life), plus
-   ``headroom_ratio``, widened to its neighbouring hours (demand ramps), rounded up to whole
-   replicas (tensor-parallel width).
+2. A schedule fitted to the coming week (:func:`fit_forward`, method in
+   :mod:`analyzer.recommendations.forward`): per hour of week (three weeks of history or more,
+   else per hour of day), the forecast's ``quantile`` (default p99) upper bound over the week,
+   trend and its interval included, widened to its neighbouring hours (demand ramps), plus the
+   headroom a rolling backtest inside the history justifies, never above the window's peak
+   unless the growth is significant, rounded up to whole replicas (tensor-parallel width).
+   :func:`fit` is the schedule before issue 18 (last week's recency-weighted p99 by hour, +10%),
+   kept as the baseline it is compared with.
 3. ``gpus`` is the schedule's peak, plus N+1 on the largest failure domain: the service's GPUs on
    its busiest node, so losing one node still leaves the peak covered.
-4. Validated by replay: fitted on the first part of the history and scored on the later part
-   (share of intervals demand exceeded the schedule, reserved-but-idle GPU-hours), against
-   reserving the observed peak and reserving the mean.
+4. Validated by a forward replay: fitted on the history before its last week and scored on that
+   week (with less than 10 days, the last third), which the fit never saw: share of intervals
+   demand exceeded the schedule, reserved-but-idle GPU-hours, against last week's p99, reserving
+   the observed peak and reserving the mean.
 5. Cold start: from the first memory to the first served load; when it is longer than the service
    can wait, the N+1 spares must be kept warm (loaded), and the recommendation says so.
 """
@@ -59,6 +64,8 @@ class ReservationSettings:
     quantile: float = 0.99
     #: A server past ~70% busy starts to queue requests (M/M/c waiting time grows steeply).
     target_util: float = 0.70
+    #: Added by :func:`fit`; :func:`fit_forward` uses its backtest's headroom instead, and this
+    #: only when the history is too short for a backtest.
     headroom_ratio: float = 0.10
     recency_half_life_days: float = 7.0
     n_plus_one: bool = True
