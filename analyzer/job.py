@@ -479,6 +479,14 @@ def _changes(
         *_slowed(findings, tenant),
         *_rightsize(gpus, cls["class"]),
     ]
+    # A job that never ran a kernel: releasing it is the one change; its idle-held finding is
+    # the same waste, and lends its fix.
+    release = next((c for c in out if c["action"] == "release"), None)
+    idle = next((c for c in out if c["action"] == "release_idle"), None)
+    if release is not None and idle is not None:
+        release["summary"] += "; " + idle["summary"].split(": ", 1)[-1]
+        release["evidence"] += idle["evidence"]
+        out.remove(idle)
     # The analysis counts in 5-minute buckets, the job's time in process scans: a change never
     # saves more than the job held.
     total = round(sum(g["held_hours"] for g in gpus), 2)
