@@ -1109,6 +1109,13 @@ def plan_command(
         ),
     ] = None,
     output_format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+    queue: Annotated[
+        Path | None,
+        typer.Option(
+            help="CSV of GPUs that waited in the scheduler's queue (time, pending_gpus[, pool]), "
+            "added to the training pool's demand."
+        ),
+    ] = None,
     wait: WaitOption = 10.0,
     config: Annotated[
         Path | None,
@@ -1138,6 +1145,7 @@ def plan_command(
       aiscope plan --store 'fleet/*.duckdb' --horizon 26w --format json > plan.json
       aiscope plan --store fleet/ --config /etc/aiscope/aiscope.toml   # [site] rack_kw = 40
       aiscope plan --prometheus http://prometheus:9090 --since 60d
+      aiscope plan --store fleet/ --queue pending.csv   # the demand that waited, too
     """
     from report.outlook import render_text  # noqa: PLC0415
 
@@ -1153,7 +1161,7 @@ def plan_command(
         prometheus_header,
         prometheus_ca_file,
     )
-    doc = _plan_document(store, horizon, since, wait, config, source)
+    doc = _plan_document(store, horizon, since, wait, config, source, queue)
     typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
 
 
@@ -1190,6 +1198,7 @@ def _plan_document(
     wait: float,
     config: Path | None,
     source: Any = None,
+    queue: Path | None = None,
 ) -> dict[str, Any]:
     """The plan document of the stores, or of the ``--prometheus`` server (``source``)."""
     from agent.config import default_store  # noqa: PLC0415
@@ -1204,11 +1213,13 @@ def _plan_document(
         from aiscope.prometheus import plan_prometheus  # noqa: PLC0415
 
         with _progress(f"reading {source.url}") as update:
-            doc = plan_prometheus(source, since or "90d", horizon, thresholds, site)
+            doc = plan_prometheus(source, since or "90d", horizon, thresholds, site, queue)
             update(1.0)
         return doc
     with _progress("planning") as update:
-        doc = plan(store or [str(default_store())], horizon, since, wait, thresholds, site)
+        doc = plan(
+            store or [str(default_store())], horizon, since, wait, thresholds, site, queue=queue
+        )
         update(1.0)
     return doc
 

@@ -56,6 +56,7 @@ def plan_prometheus(
     horizon: str,
     thresholds: Thresholds | None = None,
     site: Site | None = None,
+    queue: Path | None = None,
 ) -> dict[str, Any]:
     """The plan document of the ``since`` of history that ends at the server's newest GPU
     sample (read into a temporary store, as for the analysis)."""
@@ -67,7 +68,7 @@ def plan_prometheus(
             report = read(source, seconds, store, bucket_for)
         finally:
             store.close()
-        doc = plan([str(path)], horizon, None, thresholds=thresholds, site=site)
+        doc = plan([str(path)], horizon, None, thresholds=thresholds, site=site, queue=queue)
     doc["stores"] = []
     doc["source"] = report.to_json()
     return doc

@@ -10,7 +10,8 @@ Demand per hour, from the minute rollups (kept 400 days) and the raw samples whe
 * inference, in GPU-equivalents, the reservation's measure: the GPUs' busy share (utilization)
   over the target utilization that leaves latency headroom (0.70);
 * training and interactive, in GPUs held (a GPU with at least 1 GiB in use). The demand that
-  waited in a scheduler's queue is not in an aiscope store: the plan says so.
+  waited in a scheduler's queue is not in an aiscope store: ``--queue FILE`` adds it
+  (:mod:`analyzer.queue`), else the plan says it is missing.
 
 Each pool's series is forecast with :mod:`analyzer.forecast` (the method its bench chose), and
 only with the error its own rolling-origin backtest showed; too little history gives
@@ -22,6 +23,7 @@ whose upper bound does.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import tomllib
@@ -35,6 +37,7 @@ from analyzer import forecast as fc
 from analyzer.analysis import iso
 from analyzer.classify import classify
 from analyzer.load import History, InputError, expand, history, load
+from analyzer.queue import Pending, read_pending
 from analyzer.recommendations.reservation import ReservationSettings
 from analyzer.thresholds import Thresholds
 
@@ -49,6 +52,8 @@ POOLS: dict[str, tuple[str, ...]] = {
     "interactive": ("interactive",),
 }
 CLASSES = ("training", "inference", "batch", "interactive", "idle")
+#: Pools whose demand a queue file may add to (in GPUs; inference is in GPU-equivalents).
+QUEUED_POOLS = ("training", "interactive")
 #: The interval reported with every forecast (and scored by every backtest).
 LEVEL = 0.8
 #: The quantile of a week's hourly demand that sizes a pool.
@@ -74,6 +79,9 @@ class PoolSeries:
     capacity_gpus: int
     unit: str  # gpu_equivalents | gpus_held
     demand: list[float | None] = field(default_factory=list)
+    #: GPUs that waited in the scheduler's queue per hour (included in ``demand``); ``None``:
+    #: no queue was given for this pool.
+    pending: list[float | None] | None = None
 
 
 def parse_horizon(text: str, flag: str = "--horizon") -> float:
@@ -141,18 +149,21 @@ def plan(
     thresholds: Thresholds | None = None,
     site: Site | None = None,
     classes: Mapping[str, str] | None = None,
+    queue: Path | None = None,
 ) -> dict[str, Any]:
     """The ``aiscope.plan/1`` document of the stores. ``classes`` (``uuid`` -> class over the
-    newest week) saves classifying again when the caller has just analyzed that week."""
+    newest week) saves classifying again when the caller has just analyzed that week; ``queue``
+    is a CSV of GPUs waiting (:mod:`analyzer.queue`)."""
     horizon_seconds = parse_horizon(horizon)
     since_seconds = parse_horizon(since, "--since") if since else None
     site = site or Site()
+    pending = read_pending(queue, QUEUED_POOLS) if queue is not None else None
     paths = expand(stores)
     hist = history(paths, since_seconds, timeout)
     if classes is None:
         data = load(paths, min(WEEK, hist.end - hist.start), timeout=timeout)
         classes = {v.info.uuid: v.gpu_class for v in classify(data, thresholds)}
-    return build(hist, classes, horizon_seconds, site, [str(p) for p in paths])
+    return build(hist, classes, horizon_seconds, site, [str(p) for p in paths], pending)
 
 
 def build(
@@ -161,12 +172,15 @@ def build(
     horizon_seconds: float,
     site: Site,
     stores: Sequence[str] = (),
+    pending: Pending | None = None,
 ) -> dict[str, Any]:
     """The plan document from the history and each GPU's class (``uuid`` -> class)."""
     start = math.floor(hist.start / HOUR) * HOUR
     steps = max(1, math.ceil((hist.end - start) / HOUR))
     busy, held = _class_series(hist, classes, start, steps)
     series = _pool_series(classes, busy, held, site, steps)
+    if pending is not None:
+        series = [_with_pending(s, pending, start) for s in series]
     end = start + steps * HOUR
     pools = [_pool(s, end, horizon_seconds) for s in series]
     node = _node_shape(hist, site)
@@ -182,7 +196,7 @@ def build(
         "purchases": purchases,
         "node": node,
         "moves": spare["moves"],
-        "notes": _notes(site),
+        "notes": _notes(site, pending),
     }
 
 
@@ -233,6 +247,17 @@ def _pool_series(
     return out
 
 
+def _with_pending(s: PoolSeries, pending: Pending, start: float) -> PoolSeries:
+    """The pool's demand plus the GPUs that waited in its queue, hour by hour (hours the store
+    has no demand for stay unknown)."""
+    by_hour = pending.hours.get(s.pool)
+    if not by_hour:
+        return s
+    waited = [by_hour.get(start + i * HOUR) for i in range(len(s.demand))]
+    demand = [None if d is None else d + (w or 0.0) for d, w in zip(s.demand, waited, strict=True)]
+    return dataclasses.replace(s, demand=demand, pending=waited)
+
+
 def _sum(series: list[list[float | None]], steps: int) -> list[float | None]:
     out: list[float | None] = []
     for i in range(steps):
@@ -264,6 +289,10 @@ def _pool(s: PoolSeries, end: float, horizon_seconds: float) -> dict[str, Any]:
     }
     if s.pool == "inference":
         entry["slo_risk"] = None
+    if s.pending is not None:
+        waited = [v for v in s.pending[-int(WEEK / HOUR) :] if v is not None]
+        entry["pending_p99_gpus"] = _r(fc.quantile(waited, WEEK_QUANTILE)) if waited else None
+        entry["pending_mean_gpus"] = _r(sum(waited) / len(waited)) if waited else None
     days = len(s.demand) * HOUR / DAY
     if days < 14 or len(known) < 14 * 24 * 0.5:
         entry["not_enough_data"] = (
@@ -493,12 +522,17 @@ def _power_by_class(hist: History, classes: Mapping[str, str], end: float) -> di
     return {c: watts[c] / len(hours[c]) / 1000 for c in watts if hours[c]}
 
 
-def _notes(site: Site) -> list[str]:
-    notes = [
-        "Training demand is GPUs held: the demand that waited in a scheduler's queue is not in "
-        "an aiscope store.",
-        "Each GPU is counted in the pool of its class over the newest week.",
-    ]
+def _notes(site: Site, pending: Pending | None) -> list[str]:
+    if pending is None:
+        queue = (
+            "Training demand is GPUs held: the demand that waited in a scheduler's queue is not "
+            "in an aiscope store (give it with --queue FILE)."
+        )
+    else:
+        pools = " and ".join(sorted(pending.hours))
+        queue = f"The {pools} demand includes the GPUs that waited, from {pending.source}"
+        queue += f" ({pending.skipped_rows} rows skipped)." if pending.skipped_rows else "."
+    notes = [queue, "Each GPU is counted in the pool of its class over the newest week."]
     if site.node_overhead_watts == 0:
         notes.append(
             "Node power is the GPUs' measured draw only; set [site] node_overhead_watts for the "

@@ -287,3 +287,33 @@ def test_rollups_stand_in_for_pruned_raw_samples(
             before[pool["pool"]]["growth_per_week"], abs=0.005
         )
         assert pool["saturation"] == before[pool["pool"]]["saturation"]
+
+
+def test_queue_adds_the_demand_that_waited(
+    tmp_path: Path, growing_store: Path, plan_doc: dict[str, Any]
+) -> None:
+    """Two GPUs waiting all along in the training queue (Helios' column names): the training
+    pool's demand is 1 held + 2 waiting, past its one GPU from the first week."""
+    start, end = _ts(plan_doc["history"]["start"]), _ts(plan_doc["history"]["end"])
+    rows = ["time,pending_gpu_num"]
+    t = start
+    while t < end:
+        stamp = dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        rows.append(f"{stamp},2")
+        t += 1800
+    rows.append("not a time,3")  # skipped and counted
+    queue = tmp_path / "pending.csv"
+    queue.write_text("\n".join(rows) + "\n")
+    args = ("--queue", str(queue), "--format", "json")
+    result = run_aiscope("plan", "--store", str(growing_store), *args)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    training = next(p for p in doc["pools"] if p["pool"] == "training")
+    assert training["pending_p99_gpus"] == pytest.approx(2.0)
+    assert training["demand_p99_gpus"] == pytest.approx(3.0, abs=0.05)
+    assert training["saturation"] == doc["horizon"]["start"]
+    assert any(b["pool"] == "training" for b in doc["purchases"])
+    assert any("1 rows skipped" in n for n in doc["notes"])
+    queue.write_text("when,waiting\n1,2\n")
+    bad = run_aiscope("plan", "--store", str(growing_store), "--queue", str(queue))
+    assert bad.returncode == 2 and "pending_gpus" in bad.stderr
