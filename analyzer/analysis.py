@@ -11,7 +11,7 @@ from agent.storefile import Input
 from analyzer.classify import GpuVerdict, classify
 from analyzer.context import Finding, to_json
 from analyzer.findings import find_all
-from analyzer.load import InputError, inputs, load
+from analyzer.load import FleetData, InputError, inputs, load
 from analyzer.mig import mig_json
 from analyzer.owners import account
 from analyzer.prices import Accounting
@@ -66,7 +66,7 @@ def analyze(
         summary["top_actions"] = top_actions(results.findings, costs=costs)
     return {
         "schema": SCHEMA,
-        "window": {"start": iso(data.window_start), "end": iso(data.window_end)},
+        "window": _window(data),
         "stores": [str(p) for p in paths],
         "gpus": [_gpu(v, results.waiting.get(v.info.uuid)) for v in verdicts],
         "summary": summary,
@@ -77,6 +77,15 @@ def analyze(
         # Strategies that could not run, and why (not enough history, no inference GPU, ...).
         "not_enough_data": [{"kind": n.kind, "reason": n.reason} for n in skipped],
     }
+
+
+def _window(data: FleetData) -> dict[str, Any]:
+    """The window; ``ignored_future_samples`` only when samples dated past now were left out
+    (they would otherwise have ended the window on themselves)."""
+    window: dict[str, Any] = {"start": iso(data.window_start), "end": iso(data.window_end)}
+    if data.ignored_future_samples:
+        window["ignored_future_samples"] = data.ignored_future_samples
+    return window
 
 
 def _gpu(v: GpuVerdict, waiting: Finding | None) -> dict[str, Any]:

@@ -174,6 +174,8 @@ class FleetData:
     tenancy: dict[str, tuple[TenantBucket, ...]] = field(default_factory=dict)  # uuid -> buckets
     cgroups: dict[tuple[str, str], tuple[CgroupBucket, ...]] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)  # agent events by kind (xid, ...)
+    #: GPU samples dated after now + a day (a wrong clock), left out of the window.
+    ignored_future_samples: int = 0
 
 
 def expand(patterns: list[str]) -> list[Path]:
@@ -267,7 +269,8 @@ def load(
         bucket = bucket_seconds or bucket_for(end - start, interval)
         _materialize(con, aliases, start, end, bucket)
         sf.detach_inputs(con, aliases)
-        return _fetch(con, start, end, bucket, interval)
+        data = _fetch(con, start, end, bucket, interval)
+        return dataclasses.replace(data, ignored_future_samples=int(row[2] or 0))
     finally:
         con.close()
 

@@ -528,6 +528,7 @@ def test_one_future_row_does_not_move_the_window(
     doc = json.loads(out)
     newest = time.strftime("%Y-%m-%dT%H:%M", time.gmtime(T0 + 60 * 499))
     assert doc["window"]["end"].startswith(newest)
+    assert doc["window"]["ignored_future_samples"] == 1
     assert "ignored 1 GPU samples dated in the future" in caplog.text
 
 
