@@ -325,7 +325,7 @@ def import_nvidia_smi(
     \b
     Examples:
       aiscope import nvidia-smi gpus.csv --store node1.duckdb --node node1
-      aiscope import nvidia-smi log.csv --fields timestamp,uuid,utilization.gpu,memory.used
+      aiscope import nvidia-smi log.csv --store n1.duckdb --fields timestamp,uuid,utilization.gpu
     """
     from agent.importer import import_files  # noqa: PLC0415
     from agent.store import Store  # noqa: PLC0415
