@@ -15,7 +15,15 @@ from analyzer.job import UnknownJob, find_job, job_summary
 from analyzer.load import Holding, Holdings
 from report.job import render_job
 
-JOBS = ["41000", "41006", "41007", "41008", "41009", "jupyter-user5.service"]
+JOBS = [
+    "41000",
+    "41006",
+    "41007",
+    "41008",
+    "41009",
+    "jupyter-user5.service",
+    "chat-prod/chat-api",
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +72,9 @@ def test_each_demo_job_gets_the_verdict_its_evidence_supports(
     assert verdict["41007"]["action"] == "isolate"
     assert "slurm job 41008" in verdict["41007"]["summary"]
     assert verdict["41008"]["action"] == "none"
+    # a serving pod at low traffic with its memory pre-allocated: nothing to change
+    assert verdict["chat-prod/chat-api"]["action"] == "none"
+    assert summaries["chat-prod/chat-api"]["class"]["class"] == "inference"
     # the job that holds a GPU and never computes, and the notebook unit idle between sessions
     assert verdict["41009"]["action"] in ("release_idle", "release")
     assert verdict["jupyter-user5.service"]["action"] == "release_idle"
