@@ -1,6 +1,6 @@
-"""The running agent: APScheduler jobs, the metrics endpoint and a clean shutdown.
+"""The running agent: interval jobs, the metrics endpoint and a clean shutdown.
 
-Jobs (all ``max_instances=1`` so a slow run never overlaps the next, and ``coalesce=True`` so
+Jobs (each on its own thread, see :mod:`agent.schedule`: a slow run never overlaps the next, and
 missed runs collapse into one instead of piling up):
 
 =================  ===========================  ==========================================
@@ -28,12 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 
-from apscheduler.schedulers.background import BackgroundScheduler
-
 from agent.config import AgentConfig
 from agent.errors import Failure
 from agent.exporter import MetricsServer
 from agent.sampler import Sampler
+from agent.schedule import Job, Scheduler
 from agent.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -72,13 +71,9 @@ def _guard(
     return run
 
 
-def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> BackgroundScheduler:
+def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> Scheduler:
     """A started scheduler with the agent's five jobs and any extra ones."""
     c = agent.config
-    scheduler = BackgroundScheduler(
-        timezone="UTC",
-        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
-    )
     now = clock
 
     jobs: list[tuple[str, Callable[[], object], float]] = [
@@ -89,10 +84,9 @@ def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> Background
         ("prune", lambda: agent.store.prune(now()), c.prune_interval),
         *agent.extra_jobs,
     ]
-    for name, fn, seconds in jobs:
-        scheduler.add_job(
-            _guard(name, fn, agent.job_cpu_seconds), "interval", seconds=seconds, id=name, name=name
-        )
+    scheduler = Scheduler(
+        [Job(name, _guard(name, fn, agent.job_cpu_seconds), seconds) for name, fn, seconds in jobs]
+    )
     scheduler.start()
     return scheduler
 
@@ -105,7 +99,6 @@ def run(agent: Agent, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     agent.store.check_writable()  # first: a store it could never write stops the agent at once
     _install_signal_handlers(stop)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
     server = agent.serve()  # an address that cannot be bound stops the agent at once too
     agent.sampler.start()
     agent.sampler.tick()  # the first scrape already sees every GPU

@@ -33,7 +33,8 @@ from agent.service import Agent
 from agent.store import Store
 from agent.storefile import StoreError, connect_read_only, table_summary, verify
 from aiscope import __version__
-from analyzer.load import EmptyStore, InputError
+from aiscope.trailing import TrailingFailed, analyze_in_child
+from analyzer.load import InputError
 from analyzer.thresholds import Thresholds
 
 log = logging.getLogger(__name__)
@@ -142,20 +143,23 @@ class TrailingAnalysis:
     thresholds: Thresholds
     sink: AnalysisSink
     _failing: bool = False
+    #: The largest RSS an analysis child reached (bench/agent_overhead.py reports it).
+    child_peak_rss_bytes: int = 0
 
     def run(self) -> None:
-        from analyzer.live import trailing  # noqa: PLC0415  (loaded on the first run)
-
+        """One analysis, in a child process (see :mod:`aiscope.trailing`: nothing of the
+        analyzer stays resident in the agent between runs)."""
         started = time.monotonic()
         try:
             self.store.flush()
             with self.store.quiet():
                 if not self.store.path.exists():
                     return
-                results = trailing(self.store.path, self.window_seconds, self.thresholds)
-        except EmptyStore:
-            results = []  # nothing sampled yet (or no GPU at all): nothing to analyze
-        except (InputError, StoreError) as exc:
+                child = analyze_in_child(self.store.path, self.window_seconds, self.thresholds)
+            # None: nothing sampled yet (or no GPU at all), nothing to analyze
+            results = [] if child is None else child.results
+            self.child_peak_rss_bytes = 0 if child is None else child.peak_rss_bytes
+        except (InputError, StoreError, TrailingFailed) as exc:
             if not self._failing:  # logged once per failing streak
                 log.warning("trailing analysis failed: %s", exc)
             self._failing = True
