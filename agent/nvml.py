@@ -134,8 +134,10 @@ class Gpu:
     mig_profile: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
-    #: A physical GPU's MIG instances, when MIG is enabled (processes are listed on them).
+    #: A physical GPU's MIG instances, when MIG is enabled (processes are listed on them), and
+    #: whether it answers MIG queries at all (only those are watched for re-partitioning).
     mig_count: int = 0
+    mig_capable: bool = False
 
 
 def install_library(library: object | None) -> None:
@@ -215,6 +217,8 @@ class Nvml:
         fresh = self._open(gpu.index)
         if fresh is not None and gpu.parent is not None:
             fresh = next((m for m in self.mig_instances(fresh) if m.uuid == gpu.uuid), None)
+        elif fresh is not None:  # still partitioned? (its processes are listed on instances)
+            fresh.mig_count = len(self._mig_slots(fresh))
         if fresh is None or fresh.uuid != gpu.uuid:
             raise GpuLost(f"GPU {gpu.index} ({gpu.uuid}) is still gone")
         return fresh
@@ -224,30 +228,50 @@ class Nvml:
     def mig_instances(self, parent: Gpu) -> list[Gpu]:
         """The MIG devices of ``parent`` (``[]`` when MIG is off or not supported), each with
         its profile and instance ids. Sets ``parent.mig_count``."""
+        instances = [
+            self._open_mig(parent, slot, handle) for slot, handle in self._mig_slots(parent)
+        ]
+        parent.mig_count = len(instances)
+        return instances
+
+    def mig_uuids(self, parent: Gpu) -> list[str]:
+        """The uuids of ``parent``'s MIG devices now, without opening them (a cheap check for
+        re-partitioning: ``nvidia-smi mig -dci/-dgi/-cgi`` while the agent runs)."""
+        out = []
+        for _, handle in self._mig_slots(parent):
+            uuid = self._query(parent.uuid, "mig_uuid", pynvml.nvmlDeviceGetUUID, handle)
+            if uuid is not None:
+                out.append(_decode(uuid))
+        return out
+
+    def release(self, gpu: Gpu) -> None:
+        """Free what the adapter allocated in the driver for ``gpu`` (its GPM samples)."""
+        for sample in gpu.gpm_samples or []:
+            self._query(gpu.uuid, "gpm_free", pynvml.nvmlGpmSampleFree, sample)
+        gpu.gpm_samples = None
+
+    def _mig_slots(self, parent: Gpu) -> list[tuple[int, Any]]:
+        """(slot, MIG device handle) of every populated slot; ``[]`` when MIG is off."""
         mode = self._query(parent.uuid, "mig_mode", pynvml.nvmlDeviceGetMigMode, parent.handle)
+        parent.mig_capable = mode is not None
         if mode is None or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
             return []
         slots = self._query(
             parent.uuid, "mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, parent.handle
         )
-        instances = []
+        out = []
         for slot in range(slots or 0):
-            instance = self._open_mig(parent, slot)
-            if instance is not None:
-                instances.append(instance)
-        parent.mig_count = len(instances)
-        return instances
+            try:
+                out.append((slot, pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent.handle, slot)))
+            except pynvml.NVMLError as exc:
+                if exc.value != pynvml.NVML_ERROR_NOT_FOUND:  # NotFound: an empty slot
+                    self._handle(parent.uuid, f"mig {slot}", exc)
+        return out
 
-    def _open_mig(self, parent: Gpu, slot: int) -> Gpu | None:
-        try:
-            handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent.handle, slot)
-            uuid = _decode(pynvml.nvmlDeviceGetUUID(handle))
-        except pynvml.NVMLError as exc:
-            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
-                return None  # an empty slot: no instance was created there
-            self._handle(parent.uuid, f"mig {slot}", exc)
-            return None
+    def _open_mig(self, parent: Gpu, slot: int, handle: Any) -> Gpu:
         q = self._query
+        uuid = q(parent.uuid, "mig_uuid", pynvml.nvmlDeviceGetUUID, handle)
+        uuid = f"{parent.uuid}/mig{slot}" if uuid is None else _decode(uuid)
         gpu = Gpu(index=parent.index, uuid=uuid, handle=handle, parent=parent)
         gpu.gpu_instance_id = q(uuid, "gpu_instance_id", pynvml.nvmlDeviceGetGpuInstanceId, handle)
         gpu.compute_instance_id = q(

@@ -10,6 +10,9 @@ It owns the agent's fault handling:
   the agent.
 * **Process churn**: a pid that exits between the driver's listing and the ``/proc`` read keeps its
   sample (pid, memory) without attribution.
+* **MIG re-partitioning**: every ``MIG_CHECK_SECONDS`` the MIG devices of each MIG-capable GPU
+  are listed again; when they changed (instances destroyed or created while the agent runs), the
+  GPU's instances are replaced by the new ones and an event records the change.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ from agent.snapshot import GpuProcess, Snapshot
 from agent.store import Store
 
 log = logging.getLogger(__name__)
+
+#: How often the MIG layout of MIG-capable GPUs is checked for re-partitioning.
+MIG_CHECK_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,7 @@ class Sampler:
         self._snapshot = Snapshot(node=node, driver_up=False)
         self._events_stop = threading.Event()
         self._events_thread: threading.Thread | None = None
+        self._mig_checked_at = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -144,6 +151,7 @@ class Sampler:
             self._event(now, "driver_available", None, f"{len(gpus)} GPUs")
         self._driver_up = True
         self._driver_failures = 0
+        self._mig_checked_at = now  # the layout was just read
         self._gpus = [_GpuState(gpu) for gpu in gpus]
         for state in self._gpus:
             try:
@@ -165,6 +173,9 @@ class Sampler:
         now = self._clock()
         if not self._driver_up and now >= self._driver_retry_at:
             self._open_driver(now)
+        if self._driver_up and now - self._mig_checked_at >= MIG_CHECK_SECONDS:
+            self._mig_checked_at = now
+            self._check_mig_layouts(now)
         gpu_samples = self._sample_gpus(now)
         self._drain_events()
         host, net = self._host.sample(now)
@@ -207,6 +218,42 @@ class Sampler:
             elif isinstance(result, BaseException):
                 raise result
         return [read.get(s.gpu.uuid) or self._down_sample(s.gpu, now) for s in self._gpus]
+
+    def _check_mig_layouts(self, now: float) -> None:
+        """Replace the instances of every GPU whose MIG devices changed since they were opened
+        (on the tick's thread, so the GPU list never changes under a tick)."""
+        for state in [s for s in self._gpus if s.up and s.gpu.mig_capable]:
+            parent = state.gpu
+            try:
+                current = self._runner.run(parent.uuid, partial(self._nvml.mig_uuids, parent))
+            except (NvmlError, DeadlineExceeded):
+                continue  # the tick finds out what is wrong with the GPU
+            known = [s for s in self._gpus if s.gpu.parent and s.gpu.parent.uuid == parent.uuid]
+            if current != [s.gpu.uuid for s in known]:
+                self._repartitioned(state, known, now)
+
+    def _repartitioned(self, parent: _GpuState, known: list[_GpuState], now: float) -> None:
+        try:
+            fresh = self._runner.run(parent.gpu.uuid, partial(self._nvml.mig_instances, parent.gpu))
+        except (NvmlError, DeadlineExceeded):
+            return
+        before = ",".join(s.gpu.mig_profile or "?" for s in known) or "none"
+        after = ",".join(g.mig_profile or "?" for g in fresh) or "none"
+        log.info("GPU %s re-partitioned: MIG %s -> %s", parent.gpu.uuid, before, after)
+        self._event(now, "mig_layout_changed", parent.gpu.uuid, f"MIG {before} -> {after}")
+        for state in known:
+            self._nvml.release(state.gpu)
+            self._devices.pop(state.gpu.uuid, None)
+        gone = {id(s) for s in known}
+        kept = [s for s in self._gpus if id(s) not in gone]
+        at = kept.index(parent) + 1
+        added = [_GpuState(g) for g in fresh]
+        self._gpus = kept[:at] + added + kept[at:]
+        for state in added:
+            try:
+                self._refresh_device(state.gpu, now)
+            except (GpuLost, DeadlineExceeded, DriverUnavailable) as exc:
+                self._mark_down(state, now, exc)
 
     def _driver_lost(self, now: float, exc: Exception) -> None:
         """The driver went away under a running agent: every GPU is down until NVML can be

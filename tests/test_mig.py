@@ -18,7 +18,7 @@ from agent.attribution import ProcReader
 from agent.errors import BadInput
 from agent.exporter import AgentCollector, DcgmCompatCollector, build_registry, render
 from agent.host import HostReader
-from agent.nvml import Nvml
+from agent.nvml import GpuLost, Nvml
 from agent.sampler import Sampler
 from agent.schema import (
     ALL_RECORDS,
@@ -463,3 +463,52 @@ def test_imported_mig_instances_are_analyzed_as_instances(tmp_path) -> None:
         f"{parent}/gi9": {"parent_uuid": parent, "profile": "1g.10gb", "gpu_instance_id": 9},
     }
     assert parent not in {g["uuid"] for g in doc["gpus"]}
+
+
+def test_the_agent_follows_a_re_partitioning_while_it_runs(tmp_path, clock) -> None:
+    gpus = _partitioned()
+    store = Store(tmp_path / "s.duckdb")
+    sampler = Sampler(
+        NODE,
+        Nvml(library(gpus, clock)),
+        HostReader(NODE, proc_root=FIXTURES / "proc", sys_root=tmp_path),
+        ProcReader(FIXTURES / "proc", user_name=str),
+        store,
+        clock=clock,
+    )
+    sampler.start()
+    clock.advance(1)
+    sampler.tick()
+    before = {s.uuid for s in sampler.snapshot().gpus}
+    # nvidia-smi mig -dci -dgi; -cgi 7g.80gb -C on the H100, under the running agent.
+    partition(gpus[0], mig_layout("H100-80GB", ["4g.40gb", "3g.40gb"]))
+    clock.advance(30)
+    sampler.tick()
+    assert {s.uuid for s in sampler.snapshot().gpus} == before  # checked once a minute
+    clock.advance(31)
+    sampler.tick()
+    snap = sampler.snapshot()
+    profiles = [(d.gpu_index, d.mig_profile) for d in snap.devices if d.parent_uuid]
+    assert sorted(profiles) == sorted(
+        [(0, "4g.40gb"), (0, "3g.40gb"), *[(1, "1g.10gb")] * 4, (1, "3g.40gb")]
+    )
+    assert all(s.up for s in snap.gpus) and len(snap.gpus) == 3 + 2 + 5
+    sampler.stop()
+    store.flush()
+    store.close()
+    events = query(tmp_path / "s.duckdb", "SELECT kind, detail FROM agent_events")
+    assert events == [("mig_layout_changed", "MIG 3g.40gb,2g.20gb,1g.10gb -> 4g.40gb,3g.40gb")]
+
+
+def test_a_reopened_partitioned_gpu_still_lists_its_processes_on_its_instances(clock) -> None:
+    gpus = _partitioned()
+    nvml = Nvml(library(gpus, clock))
+    opened = nvml.init()
+    gpus[1].lost = True
+    with pytest.raises(GpuLost):
+        nvml.sample(opened[4], NODE, clock())
+    gpus[1].lost = False
+    parent = nvml.reopen(opened[4])
+    instance = nvml.reopen(opened[7])
+    assert parent.mig_capable and parent.mig_count == 5 and nvml.processes(parent) == []
+    assert instance.mig_profile == "1g.10gb" and [p.pid for p in nvml.processes(instance)] == [5151]
