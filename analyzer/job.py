@@ -174,13 +174,15 @@ def job_summary(
     ended: bool = False,
     allocated: tuple[str, tuple[int, ...]] | None = None,
     accounting: Accounting | None = None,
+    analyses: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``aiscope.job/1`` document of ``job_id`` in ``stores``.
 
     ``since`` is the analysis window (default: a week, or as long as the job); ``ended`` says the
     job is over (the epilog knows; the stores may not yet); ``allocated`` is (node, GPU indexes)
     the scheduler gave the job there, so GPUs it never touched count too; ``accounting``
-    (``[owners]``, ``[prices]``) gives the job its owner and its GPU-hours a price.
+    (``[owners]``, ``[prices]``) gives the job its owner and its GPU-hours a price;
+    ``analyses`` keeps the analyses made, by window, for the next job of the same stores.
     """
     paths = inputs(stores)
     found = holdings(paths, timeout)
@@ -188,7 +190,10 @@ def job_summary(
     if since is not None:
         parse_duration(since)
     window = since or covering_since(job, found.newest_ts)
-    doc = analyze(stores, window, timeout, thresholds, accounting)
+    cache = {} if analyses is None else analyses
+    if window not in cache:
+        cache[window] = analyze(stores, window, timeout, thresholds, accounting)
+    doc = cache[window]
     spans = _spans(job, doc, found, allocated)
     used = usage(paths, spans, timeout)
     return build(job_id, job, doc, used, found, spans, ended, window, thresholds or Thresholds())

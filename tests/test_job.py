@@ -33,7 +33,8 @@ def analysis(demo_two_day_store: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def summaries(demo_two_day_store: Path) -> dict[str, dict[str, Any]]:
-    return {j: job_summary([str(demo_two_day_store)], j) for j in JOBS}
+    shared: dict[str, dict[str, Any]] = {}  # one analysis for every job of the store
+    return {j: job_summary([str(demo_two_day_store)], j, analyses=shared) for j in JOBS}
 
 
 def _names(f: dict[str, Any]) -> set[str]:
