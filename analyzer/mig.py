@@ -82,11 +82,21 @@ def fold(
     for parent_uuid in parents:
         parent = by_uuid.get(parent_uuid or "")
         children = [g for g in out_gpus if g.parent_uuid == parent_uuid]
-        if parent is None or not _needs_power(children, out_buckets):
-            continue
-        apportioned = _apportion(parent, children, parent_buckets[parent.uuid], out_buckets)
-        out_gpus = [apportioned.get(g.uuid, g) for g in out_gpus]
+        # An instance's own power, if a source gave one, is its board's (dcgm-exporter repeats
+        # the GPU's power on every MIG series): never the instance's evidence as such.
+        powerless = {g.uuid: _without_power(g, out_buckets[g.uuid]) for g in children}
+        if parent is not None and _needs_power(children, out_buckets):
+            apportioned = _apportion(parent, children, parent_buckets[parent.uuid], out_buckets)
+            powerless.update(apportioned)
+        out_gpus = [powerless.get(g.uuid, g) for g in out_gpus]
     return out_gpus, out_buckets
+
+
+def _without_power(gpu: GpuInfo, buckets: list[Bucket]) -> GpuInfo:
+    for i, b in enumerate(buckets):
+        if b.power_watts is not None:
+            buckets[i] = dataclasses.replace(b, power_watts=None)
+    return dataclasses.replace(gpu, power_limit_watts=None)
 
 
 def is_apportioned(gpu: GpuInfo) -> bool:

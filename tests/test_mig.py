@@ -512,3 +512,17 @@ def test_a_reopened_partitioned_gpu_still_lists_its_processes_on_its_instances(c
     instance = nvml.reopen(opened[7])
     assert parent.mig_capable and parent.mig_count == 5 and nvml.processes(parent) == []
     assert instance.mig_profile == "1g.10gb" and [p.pid for p in nvml.processes(instance)] == [5151]
+
+
+def test_a_board_power_repeated_on_instance_series_is_not_their_evidence() -> None:
+    """dcgm-exporter repeats the GPU's power (and limit) on every MIG series: on an instance
+    with its own activity (Hopper's GPM) that power is dropped, not read as the slice's."""
+    parent = GpuInfo("n", "GPU-p", 0, "NVIDIA H100 80GB HBM3", 80 * GIB, 700.0)
+    child = GpuInfo(
+        "n", "GPU-p/gi1", 0, "NVIDIA H100 80GB HBM3 MIG 3g.40gb", 40 * GIB, 700.0, "GPU-p"
+    )
+    busy = Bucket(0, 5, 5, 0.8, 0.9, 0.7, 30 * GIB, 30 * GIB, 650.0, None, None)
+    gpus, out = fold([parent, child], {"GPU-p": [_bucket(0, 0, 650.0)], "GPU-p/gi1": [busy]})
+    (instance,) = gpus
+    assert instance.power_limit_watts is None and out["GPU-p/gi1"][0].power_watts is None
+    assert out["GPU-p/gi1"][0].util == 0.8
