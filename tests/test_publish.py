@@ -25,6 +25,7 @@ import pytest
 
 from agent import location as loc
 from agent.config import ConfigError, load_config
+from agent.errors import AiscopeError
 from agent.exporter import PublishCollector, build_registry, render
 from agent.publish import PublishJob, publish, relpath
 from agent.schema import GpuSample, HostSample
@@ -238,12 +239,14 @@ def test_two_agents_one_killed_mid_publish_every_row_once(
     assert both == by_stores  # a node in a store and in segments counts once
 
 
-def _store_with_rows(path: Path, nodes: list[str], start: float, hours: float) -> Store:
+def _store_with_rows(
+    path: Path, nodes: list[str], start: float, hours: float, step: float = 60.0
+) -> Store:
     store = Store(path)
     rows: list[Any] = []
     for n, node in enumerate(nodes):
-        for i in range(int(hours * 60)):
-            ts = start + 60.0 * i + n
+        for i in range(int(hours * 3600 / step)):
+            ts = start + step * i + n
             rows.append(GpuSample(ts=ts, node=node, uuid=f"GPU-{node}", gpu_index=0, up=True,
                                   utilization_gpu_ratio=0.9, power_watts=500.0,
                                   memory_used_bytes=40 << 30))  # fmt: skip
@@ -481,3 +484,20 @@ def test_deploy_files_publish_to_the_fleet_and_report_from_it() -> None:
     unit = (REPO / "deploy" / "systemd" / "aiscope-report.service").read_text()
     assert 'aiscope report --store "$AISCOPE_FLEET"' in unit and unit.count("--out") == 3
     assert "EnvironmentFile=-/etc/aiscope/report.env" in unit
+
+
+def test_a_short_window_reads_only_its_days(tmp_path: Path) -> None:
+    """A 7-day window over 20 days of segments never opens the older days: damaging them
+    changes nothing for it, and breaks a window that needs them."""
+    start = 1_780_000_000.0
+    store = _store_with_rows(tmp_path / "s.duckdb", ["n1"], start, hours=20 * 24, step=600)
+    target = loc.parse(str(tmp_path / "fleet"))
+    publish(store, target, start + 21 * 86400, segment_seconds=86400)
+    store.close()
+    week = analyze([target.root], since="7d")
+    old_days = sorted(Path(target.root).glob("table=gpu_samples/day=*"))[:5]
+    for segment in (p for d in old_days for p in d.rglob("*.parquet")):
+        segment.write_bytes(b"not parquet")
+    assert analyze([target.root], since="7d") == week
+    with pytest.raises(AiscopeError, match=r"(?i)parquet"):
+        analyze([target.root], since="30d")
