@@ -165,8 +165,9 @@ READERS: dict[str, Callable[[Path, Path], list[str]]] = {
     "analyze": lambda store, tmp: ["analyze", "--store", str(store)],
     "report": lambda store, tmp: ["report", "--store", str(store), "--out", str(tmp / "r.md")],
     "store info": lambda store, tmp: ["store", "info", "--store", str(store)],
-    "store info dir": lambda store, tmp: ["store", "info", "--store", str(store.parent)],
     "analyze dir": lambda store, tmp: ["analyze", "--store", str(store.parent)],
+    "plan": lambda store, tmp: ["plan", "--store", str(store)],
+    "job": lambda store, tmp: ["job", "41000", "--store", str(store)],
 }
 
 
@@ -536,7 +537,7 @@ def test_one_future_row_does_not_move_the_window(
 
 
 @settings(
-    max_examples=15,
+    max_examples=8,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -626,3 +627,33 @@ def test_bad_scrape_samples_are_refused_and_counted(
     assert "1 rows" in out and said in out, out
     rows = _rows(store, "SELECT ts, utilization_gpu_ratio FROM gpu_samples ORDER BY ts")
     assert [(round(float(ts) - T0), u) for ts, u in rows] == [(0, 0.4), (30, 0.4), (60, 0.4)]
+
+
+def test_a_store_directory_means_every_store_under_it(
+    good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--store DIR`` for readers: every ``*.duckdb`` under it, at any depth (the contract),
+    not only ``DIR/aiscope.duckdb``; a directory without one is one line, exit 2."""
+    import json
+
+    fleet = tmp_path / "fleet"
+    (fleet / "rack2").mkdir(parents=True)
+    shutil.copy(good, fleet / "node1.duckdb")
+    writer = Store(fleet / "rack2" / "node2.duckdb")
+    writer.add(
+        GpuSample(T0 + 60 * m, "n2", "GPU-2", 0, True, 0.9, None, 1 << 30, None, None, 500.0)
+        for m in range(500)
+    )
+    writer.flush()
+    writer.close()
+    rc, out, err = run(capsys, "analyze", "--store", str(fleet))
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert sorted(g["node"] for g in doc["gpus"]) == ["n1", "n2"]
+    rc, out, err = run(capsys, "store", "info", "--store", str(fleet), "--format", "json")
+    assert rc == 0, err
+    assert sorted(Path(i["path"]).name for i in json.loads(out)) == ["node1.duckdb", "node2.duckdb"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rc, _, err = run(capsys, "analyze", "--store", str(empty))
+    assert_refused(rc, err, str(empty))
