@@ -184,7 +184,8 @@ def build(
     end = start + steps * HOUR
     pools = [_pool(s, end, horizon_seconds) for s in series]
     node = _node_shape(hist, site)
-    spare = _spare(pools, classes)
+    week = [v for v in held["batch"][-int(WEEK / HOUR) :] if v is not None]
+    spare = _spare(pools, classes, sum(week) / len(week) if week else 0.0)
     purchases = [p for s in pools if (p := _purchase(s, node, site, spare)) is not None]
     return {
         "schema": SCHEMA,
@@ -408,10 +409,13 @@ def _node_shape(hist: History, site: Site) -> dict[str, Any]:
     }
 
 
-def _spare(pools: list[dict[str, Any]], classes: Mapping[str, str]) -> dict[str, Any]:
+def _spare(
+    pools: list[dict[str, Any]], classes: Mapping[str, str], batch_held: float
+) -> dict[str, Any]:
     """GPUs that could move to a saturating pool before anything is bought: GPUs idle all of
-    the newest week, and another pool's capacity above its forecast upper bound (at the end of
-    the horizon, or above its newest week's p99 when it has no forecast)."""
+    the newest week, another pool's capacity above its forecast upper bound (at the end of the
+    horizon, or above its newest week's p99 when it has no forecast), and batch GPUs whose work
+    fits in the inference pool's troughs (``batch_held``: batch GPUs held, mean of the week)."""
     idle = sum(1 for c in classes.values() if c == "idle")
     spare_by_pool: dict[str, int] = {}
     for p in pools:
@@ -431,7 +435,37 @@ def _spare(pools: list[dict[str, Any]], classes: Mapping[str, str]) -> dict[str,
                 why = f"{other}'s capacity above its forecast p99 upper bound"
                 moves.append(_move(other, p["pool"], gpus, why))
                 spare_by_pool[other] = 0
-    return {"moves": moves}
+    lent = sum(m["gpus"] for m in moves if m["from"] == "inference")
+    batch = _batch_on_idle(pools, classes, batch_held, lent)
+    return {"moves": [*moves, batch] if batch else moves}
+
+
+def _batch_on_idle(
+    pools: list[dict[str, Any]], classes: Mapping[str, str], batch_held: float, lent: int
+) -> dict[str, Any] | None:
+    """When training saturates and inference does not: the batch GPUs whose GPU-hours fit in
+    the inference pool's mean spare capacity (its GPUs, less the ``lent`` ones, over its demand
+    in GPU-equivalents at the target utilization), run there off-peak, free their GPUs for
+    training."""
+    by = {p["pool"]: p for p in pools}
+    training, inference = by.get("training"), by.get("inference")
+    batch_gpus = sum(1 for c in classes.values() if c == "batch")
+    if not (training and inference and batch_gpus and batch_held > 0):
+        return None
+    if training["saturation"] is None or inference["saturation"] is not None:
+        return None
+    means = [w["mean"] for w in inference["forecast"]] or [inference["demand_mean_gpus"]]
+    if any(m is None for m in means):
+        return None
+    trough = inference["capacity_gpus"] - lent - max(means)  # the worst week's mean spare
+    gpus = min(batch_gpus, math.floor(trough * batch_gpus / batch_held)) if trough > 0 else 0
+    if gpus <= 0:
+        return None
+    why = (
+        f"batch work ({batch_held:.1f} GPUs held on average) run in the inference pool's "
+        f"troughs ({trough:.1f} GPUs spare on average)"
+    )
+    return _move("batch", "training", gpus, why)
 
 
 def _move(source: str, to: str, gpus: int, why: str) -> dict[str, Any]:

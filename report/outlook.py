@@ -202,7 +202,8 @@ def html_section(plan: dict[str, Any]) -> str:
     parts.append(_html_table(*pool_rows(plan)))
     for p in plan["pools"]:
         if p["forecast"]:
-            parts.append(chart(p, plan))
+            unit = UNITS.get(p.get("unit", ""), "GPUs")
+            parts.append(f"<h3>{e(p['pool'])} pool ({e(unit)})</h3>{chart(p, plan)}")
     parts.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in summary_lines(plan)) + "</ul>")
     if plan["purchases"]:
         parts.append("<h3>What to buy</h3>" + _html_table(*purchase_rows(plan)))

@@ -317,3 +317,37 @@ def test_queue_adds_the_demand_that_waited(
     queue.write_text("when,waiting\n1,2\n")
     bad = run_aiscope("plan", "--store", str(growing_store), "--queue", str(queue))
     assert bad.returncode == 2 and "pending_gpus" in bad.stderr
+
+
+def test_batch_moves_into_inference_troughs_before_buying() -> None:
+    """Training saturates (1.5 GPUs waiting); inference's 2 GPUs peak at 60% by day and idle at
+    night (p99 1.7 GPU-equivalents, none to lend, but a mean of 0.9): the batch GPU's work fits
+    in inference's troughs, so one GPU moves to training before anything is bought, and the
+    purchase is for the rest."""
+    from analyzer.load import GpuHour, GpuInfo, History
+    from analyzer.plan import build
+    from analyzer.queue import Pending
+
+    start, hours = 1_790_000_000.0 // 3600 * 3600, 21 * 24
+    roles = {"inf0": ("inference", 0.6), "inf1": ("inference", 0.6)}
+    roles |= {"tr0": ("training", 0.95), "bat0": ("batch", 0.9)}
+    rows = [
+        GpuHour("n1", uuid, start + h * 3600, 60, util if h % 24 < 12 else 0.05, 1.0, 300.0)
+        for h in range(hours)
+        for uuid, (_, util) in roles.items()
+    ]
+    gpus = tuple(GpuInfo("n1", u, i, "H100", 80e9, 700.0) for i, u in enumerate(roles))
+    hist = History(start, start + hours * 3600, gpus, tuple(rows), 1200.0)
+    waiting = Pending("q.csv", {"training": {start + h * 3600: 1.5 for h in range(hours)}}, 0)
+    classes = {u: c for u, (c, _) in roles.items()}
+    doc = build(hist, classes, 4 * 7 * 86400, Site(), pending=waiting)
+    pools = {p["pool"]: p for p in doc["pools"]}
+    assert pools["inference"]["saturation"] is None
+    assert pools["training"]["demand_p99_gpus"] == pytest.approx(3.5)
+    assert pools["training"]["saturation"] == doc["horizon"]["start"]
+    (move,) = doc["moves"]
+    assert (move["from"], move["to"], move["gpus"]) == ("batch", "training", 1)
+    (buy,) = doc["purchases"]
+    assert buy["gpus_needed"] == 2 and buy["gpus_moved_first"] == 1
+    assert (buy["nodes"], buy["gpus"]) == (1, 4)  # whole nodes of the fleet's 4-GPU shape
+    assert buy["kw"] == pytest.approx(1.2)  # the measured p95 node draw, 300 W a GPU
