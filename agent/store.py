@@ -308,7 +308,10 @@ class Store:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            message = f"{self.path}: cannot create its directory ({exc.strerror})"
+            message = (
+                f"{self.path}: cannot create its directory ({exc.strerror}); give a writable "
+                "--store"
+            )
             raise NotWritable(message) from None
         con = self._session()
         try:

@@ -166,6 +166,8 @@ def wrap(path: Path, exc: duckdb.Error) -> StoreError:
         return StoreLocked(f"{path}: the store is held by {who}; retry when it is released")
     if re.search(r"corrupt|checksum", message, re.IGNORECASE):
         return damaged(path, exc)
+    if re.search(r"cannot open file", message, re.IGNORECASE) and not path.exists():
+        return NotWritable(f"{path}: cannot create the store ({message}); give a writable --store")
     if re.search(r"read-only file system|permission denied", message, re.IGNORECASE):
         return NotWritable(f"{path}: cannot write the store ({message}); give a writable --store")
     if isinstance(exc, duckdb.IOException | duckdb.SerializationException):
@@ -463,6 +465,9 @@ def attach_inputs(
       mid-minute with the minute's means, ``source = 'rollup'``), in the fleet alias.
     """
     _create_shapes(con)
+    if any(isinstance(i, loc.Location) for i in inputs):
+        # Segments are immutable: read each file's footer once, not once per query.
+        con.execute("SET parquet_metadata_cache = true")
     aliases = [f"s{i}" for i in range(len(inputs))]
     stores = {a: p for a, p in zip(aliases, inputs, strict=True) if isinstance(p, Path)}
     for alias, path in stores.items():

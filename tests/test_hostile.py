@@ -258,13 +258,18 @@ def test_writers_need_an_explicit_store_or_write_only_there(
     assert not (tmp_path / "xdg").exists()
 
 
+@pytest.mark.parametrize(
+    "where", ["/proc/aiscope-cannot-write/agent.duckdb", "/proc/agent.duckdb", "{tmp}/f/a.duckdb"]
+)
 def test_agent_refuses_a_store_it_cannot_write(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store = Path("/proc/aiscope-cannot-write/agent.duckdb")
+    """Refused at start (before serving or sampling), not run while every flush fails."""
+    (tmp_path / "f").write_text("a file where a folder should be\n")
+    store = Path(where.format(tmp=tmp_path))
     rc, _, err = run(capsys, *WRITERS["agent run"](store, {}))
-    assert rc in (1, 2)
-    assert_refused(rc, err, str(store), code=rc)
+    assert_refused(rc, err, str(store))
+    assert "writable --store" in err
 
 
 # -- import files: truncated, foreign, mis-typed, mis-united, out of range, future ------------
