@@ -36,7 +36,7 @@ from typing import Any
 from analyzer import forecast as fc
 from analyzer.analysis import iso
 from analyzer.classify import classify
-from analyzer.load import History, InputError, expand, history, load
+from analyzer.load import History, InputError, history, inputs, load
 from analyzer.queue import Pending, read_pending
 from analyzer.recommendations.reservation import ReservationSettings
 from analyzer.thresholds import Thresholds
@@ -158,7 +158,7 @@ def plan(
     since_seconds = parse_horizon(since, "--since") if since else None
     site = site or Site()
     pending = read_pending(queue, QUEUED_POOLS) if queue is not None else None
-    paths = expand(stores)
+    paths = inputs(stores)
     hist = history(paths, since_seconds, timeout)
     if classes is None:
         data = load(paths, min(WEEK, hist.end - hist.start), timeout=timeout)
