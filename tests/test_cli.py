@@ -33,6 +33,7 @@ COMMANDS = [
     ["demo", "--help"],
     ["job", "--help"],
     ["notify", "--help"],
+    ["plan", "--help"],
 ]
 
 
