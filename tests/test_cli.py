@@ -118,6 +118,7 @@ def test_every_command_has_help_with_examples(args: list[str]) -> None:
         "demo",
         "job",
         "notify",
+        "plan",
     )
     if leaf or args == ["--help"]:
         assert "Examples" in result.stdout
