@@ -186,7 +186,7 @@ def build(
     node = _node_shape(hist, site)
     week = [v for v in held["batch"][-int(WEEK / HOUR) :] if v is not None]
     spare = _spare(pools, classes, sum(week) / len(week) if week else 0.0)
-    purchases = [p for s in pools if (p := _purchase(s, node, site, spare)) is not None]
+    purchases = [b for s in pools for b in _purchases(s, node, site, spare)]
     return {
         "schema": SCHEMA,
         "history": {"start": iso(start), "end": iso(end)},
@@ -472,32 +472,40 @@ def _move(source: str, to: str, gpus: int, why: str) -> dict[str, Any]:
     return {"from": source, "to": to, "gpus": gpus, "why": why}
 
 
-def _purchase(
+def _purchases(
     pool: dict[str, Any], node: dict[str, Any], site: Site, spare: dict[str, Any]
-) -> dict[str, Any] | None:
-    """Whole nodes that keep the pool's forecast p99 (p50) under capacity to the horizon's end,
-    after the moves into it; ``None`` when the pool does not saturate."""
+) -> list[dict[str, Any]]:
+    """Whole nodes, staged by date: each the first forecast week whose p99 (p50) passes the
+    pool's capacity with the GPUs moved into it and the nodes bought before; none when the pool
+    does not saturate or the moves cover it to the horizon's end."""
     if pool["saturation"] is None:
-        return None
-    top = max(w["p50"] for w in pool["forecast"])
-    top_high = max(w["high"] for w in pool["forecast"])
+        return []
     moved = sum(m["gpus"] for m in spare["moves"] if m["to"] == pool["pool"])
-    needed = max(0, math.ceil(top - pool["capacity_gpus"]))
-    after = max(0, needed - moved)
     per = int(node["gpus"])
-    nodes = math.ceil(after / per)
-    kw = None if node["kw"] is None else _r(nodes * node["kw"], 1)
-    return {
-        "by": pool["saturation"],
-        "pool": pool["pool"],
-        "gpus": nodes * per,
-        "nodes": nodes,
-        "kw": kw,
-        "racks": _racks(nodes, node["kw"], site),
-        "gpus_needed": needed,
-        "gpus_moved_first": min(moved, needed),
-        "gpus_needed_at_high": max(0, math.ceil(top_high - pool["capacity_gpus"])),
-    }
+    capacity = pool["capacity_gpus"]
+    have = capacity + moved
+    out = []
+    for week in pool["forecast"]:
+        short = week["p50"] - have
+        if short <= 0:
+            continue
+        nodes = math.ceil(short / per)
+        have += nodes * per
+        needed = math.ceil(week["p50"] - capacity)
+        out.append(
+            {
+                "by": week["week"],
+                "pool": pool["pool"],
+                "gpus": nodes * per,
+                "nodes": nodes,
+                "kw": None if node["kw"] is None else _r(nodes * node["kw"], 1),
+                "racks": _racks(nodes, node["kw"], site),
+                "gpus_needed": needed,  # over today's capacity, by this date
+                "gpus_moved_first": min(moved, needed),
+                "gpus_needed_at_high": max(0, math.ceil(week["high"] - capacity)),
+            }
+        )
+    return out
 
 
 def _racks(nodes: int, node_kw: float | None, site: Site) -> int:
