@@ -109,10 +109,12 @@ class Model:
         p50 = self.predict(steps)
         lo = self.band(steps, (1 - level) / 2)
         hi = self.band(steps, (1 + level) / 2)
+        mid = [max(0.0, v) for v in p50]
+        # The band always holds the median (residuals of one sign would otherwise exclude it).
         return Forecast(
-            p50=tuple(max(0.0, v) for v in p50),
-            low=tuple(max(0.0, v + d) for v, d in zip(p50, lo, strict=True)),
-            high=tuple(max(0.0, v + d) for v, d in zip(p50, hi, strict=True)),
+            p50=tuple(mid),
+            low=tuple(min(m, max(0.0, v + d)) for m, v, d in zip(mid, p50, lo, strict=True)),
+            high=tuple(max(m, v + d) for m, v, d in zip(mid, p50, hi, strict=True)),
             level=level,
         )
 

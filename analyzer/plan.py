@@ -498,7 +498,7 @@ def _purchases(
                 "pool": pool["pool"],
                 "gpus": nodes * per,
                 "nodes": nodes,
-                "kw": None if node["kw"] is None else _r(nodes * node["kw"], 1),
+                "kw": None if node["kw"] is None else _r(nodes * node["kw"], 2),
                 "racks": _racks(nodes, node["kw"], site),
                 "gpus_needed": needed,  # over today's capacity, by this date
                 "gpus_moved_first": min(moved, needed),

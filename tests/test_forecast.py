@@ -7,6 +7,8 @@ import math
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer.forecast import (
     Backtest,
@@ -96,3 +98,34 @@ def test_theil_sen_ignores_an_outlier() -> None:
     slope, low, high = theil_sen(xs, ys)
     assert slope == pytest.approx(2.0)
     assert low <= slope <= high
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    scale=st.floats(min_value=0.01, max_value=100.0),
+    days=st.integers(min_value=15, max_value=22),
+    seed=st.integers(min_value=0, max_value=10_000),
+    idle_day=st.booleans(),
+)
+def test_forecast_is_scale_equivariant_and_ordered(
+    scale: float, days: int, seed: int, idle_day: bool
+) -> None:
+    """Demand in GPUs or in GPU-equivalents at another target: the same forecast, scaled, the
+    same growth and the same backtest score; the band always holds the median, never below 0."""
+    rng = random.Random(seed)
+    shape = [rng.uniform(0.2, 2.0) for _ in range(24)]
+    values = [
+        0.0 if idle_day and t // 24 == 3 else shape[t % 24] * rng.uniform(0.7, 1.3)
+        for t in range(days * 24)
+    ]
+    a, b = fit(values, HOUR), fit([v * scale for v in values], HOUR)
+    assert isinstance(a, Model) and isinstance(b, Model)
+    fa, fb = a.forecast(200), b.forecast(200)
+    for x, y in zip(fa.p50 + fa.low + fa.high, fb.p50 + fb.low + fb.high, strict=True):
+        assert y == pytest.approx(x * scale, rel=1e-6, abs=1e-9)
+    assert all(0 <= lo <= p <= hi for lo, p, hi in zip(fa.low, fa.p50, fa.high, strict=True))
+    assert a.growth_per_week == pytest.approx(b.growth_per_week, abs=1e-9)
+    ba, bb = backtest(values, HOUR), backtest([v * scale for v in values], HOUR)
+    assert isinstance(ba, Backtest) and isinstance(bb, Backtest)
+    assert bb.mase == pytest.approx(ba.mase, rel=1e-6)
+    assert bb.coverage == ba.coverage
