@@ -173,21 +173,13 @@ def agent_run(
         "publish": publish,
         "publish_interval": publish_interval,
     }
-    cfg = load_config(flags, config_file=config)
-    from agent import service  # noqa: PLC0415
-    from aiscope.compose import build_agent  # noqa: PLC0415
-    from analyzer.thresholds import from_file  # noqa: PLC0415
+    load_config(flags, config_file=config)  # bad flags, variables or file: refused here
+    from aiscope.agentd import RunSpec, exec_lean, run  # noqa: PLC0415
 
-    thresholds = from_file(cfg.config_file)
-    built = build_agent(
-        cfg,
-        virtual_gpus=virtual_gpus,
-        virtual_model=virtual_model,
-        simulate=simulate,
-        sim_node=node,
-        thresholds=thresholds,
-    )
-    service.run(built)
+    spec = RunSpec(flags, config, virtual_gpus, virtual_model, simulate, node, _STATE["debug"])
+    if _STATE.get("program"):  # run as the program: leave the CLI's memory behind (agentd)
+        exec_lean(spec, sys.argv[1:])
+    run(spec)
 
 
 @store_app.command("info")
@@ -250,7 +242,8 @@ def simulate_command(
     ] = None,
     store: Annotated[Path | None, typer.Option(help="Store file or directory to write.")] = None,
     days: Annotated[
-        float | None, typer.Option(min=0.001, help="Simulated days (default: the scenario's).")
+        float | None,
+        typer.Option(min=0.001, max=3660.0, help="Simulated days (default: the scenario's)."),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed (default: the scenario's).")] = None,
     list_: Annotated[bool, typer.Option("--list", help="List the built-in scenarios.")] = False,
@@ -1271,6 +1264,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app and turn every error into one line and an exit code."""
     command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else argv
+    _STATE["program"] = argv is None  # a caller of main() in-process keeps its process
     try:
         command.main(args=args, prog_name="aiscope", standalone_mode=False)
     except typer.Exit as exc:

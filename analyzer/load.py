@@ -252,27 +252,42 @@ def load(
     try:
         aliases = sf.attach_inputs(con, list(paths), timeout, since_seconds)
         con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
-        row = con.execute(
-            "SELECT min(ts), max(ts) FILTER (WHERE ts <= $l), count(*) FILTER (WHERE ts > $l) "
-            "FROM g",
-            {"l": sf.latest_plausible_ts()},
-        ).fetchone()
-        if row is None or row[1] is None:
-            raise EmptyStore(f"{paths[0]}: the store has no GPU samples dated before now")
-        if row[2]:  # one row from a wrong clock must not end the window on itself
-            log.warning("ignored %d GPU samples dated in the future (a wrong clock)", row[2])
-        end = float(row[1])
+        first, end, ignored = _window_end(con, paths)
         # An old or short capture still analyzes: the window ends at its newest sample and
         # starts no earlier than its first.
-        start = max(end - since_seconds, float(row[0]) - 1.0)
+        start = max(end - since_seconds, first - 1.0)
         interval = _interval(con, start, end)
         bucket = bucket_seconds or bucket_for(end - start, interval)
         _materialize(con, aliases, start, end, bucket)
         sf.detach_inputs(con, aliases)
         data = _fetch(con, start, end, bucket, interval)
-        return dataclasses.replace(data, ignored_future_samples=int(row[2] or 0))
+        return dataclasses.replace(data, ignored_future_samples=ignored)
     finally:
         con.close()
+
+
+def _window_end(
+    con: duckdb.DuckDBPyConnection, paths: Sequence[sf.Input]
+) -> tuple[float, float, int]:
+    """(the first sample, the newest believable one, the samples ignored past it).
+
+    Samples dated more than a day after this machine's clock come from a wrong clock: one such
+    row would end the window on itself and hide everything real, so they are left out (and
+    counted). When every sample is that far ahead, it is this machine's clock that is behind
+    (or the store is a simulation of days to come): the window then ends at the newest."""
+    row = con.execute(
+        "SELECT min(ts), max(ts), max(ts) FILTER (WHERE ts <= $l), "
+        "count(*) FILTER (WHERE ts > $l) FROM g",
+        {"l": sf.latest_plausible_ts()},
+    ).fetchone()
+    if row is None or row[1] is None:
+        raise EmptyStore(f"{paths[0]}: the store has no GPU samples yet")
+    if row[2] is None:
+        log.warning("every GPU sample is dated after this machine's clock; is the clock right?")
+        return float(row[0]), float(row[1]), 0
+    if row[3]:
+        log.warning("ignored %d GPU samples dated in the future (a wrong clock)", row[3])
+    return float(row[0]), float(row[2]), int(row[3])
 
 
 def _materialize(

@@ -8,6 +8,7 @@ See ``docs/simulation.md`` for the format.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -160,6 +161,8 @@ def _parse(data: dict[str, Any], path: Path) -> Scenario:
         raise ValueError("no [[nodes]]")
     by_name = {n.name: n for n in nodes}
     days = float(data.get("days", 7))
+    if not (math.isfinite(days) and 0 < days <= MAX_DAYS):
+        raise ValueError(f"days: expected 0 to {MAX_DAYS:g} days, got {days}")
     workloads = tuple(
         _workload(w, i, by_name, days) for i, w in enumerate(data.get("workloads", []))
     )
@@ -168,7 +171,7 @@ def _parse(data: dict[str, Any], path: Path) -> Scenario:
         raise ValueError("workload names must be unique")
     faults = tuple(_fault(f, i, by_name) for i, f in enumerate(data.get("faults", [])))
     interval = float(data.get("interval_seconds", 60))
-    if interval <= 0:
+    if not (math.isfinite(interval) and interval > 0):
         raise ValueError("interval_seconds must be positive")
     growth = float(data.get("growth_per_week", 0.0))
     if not -1 < growth <= 10:
@@ -187,12 +190,21 @@ def _parse(data: dict[str, Any], path: Path) -> Scenario:
     )
 
 
+#: Bounds a scenario must stay in (a node of NVML's 64 devices; ten years).
+MAX_GPUS_PER_NODE = 64
+MAX_DAYS = 3660.0
+
+
 def _node(raw: dict[str, Any], i: int) -> NodeSpec:
     where = f"nodes[{i}]"
     model = _need(raw, "gpu", str, where)
     if model not in PROFILES:
         raise ValueError(f"{where}.gpu: unknown GPU model {model!r}; known: {', '.join(PROFILES)}")
     gpus = int(raw.get("gpus", 8))
+    if not 1 <= gpus <= MAX_GPUS_PER_NODE:
+        raise ValueError(f"{where}.gpus: expected 1 to {MAX_GPUS_PER_NODE} GPUs, got {gpus}")
+    if int(raw.get("cpus", 96)) < 1:
+        raise ValueError(f"{where}.cpus: expected at least 1 CPU, got {raw.get('cpus')}")
     return NodeSpec(
         name=_need(raw, "name", str, where),
         profile=PROFILES[model],

@@ -662,3 +662,70 @@ def test_a_store_directory_means_every_store_under_it(
     empty.mkdir()
     rc, _, err = run(capsys, "analyze", "--store", str(empty))
     assert_refused(rc, err, str(empty))
+
+
+#: Scenario files that must be refused by simulate and agent run --simulate, naming the file.
+NODE = '[[nodes]]\nname = "a"\ngpu = "H100-80GB"\n'
+BAD_SCENARIOS: dict[str, str] = {
+    "binary": "\x00\x01\x02",
+    "not TOML": "name: x\n",
+    "no nodes": 'name = "x"\n',
+    "negative GPUs": NODE + "gpus = -3\n",
+    "unknown model": NODE.replace("H100-80GB", "H900") + "gpus = 8\n",
+    "days inf": "days = inf\n" + NODE,
+    "days negative": "days = -1\n" + NODE,
+    "interval nan": "interval_seconds = nan\n" + NODE,
+}
+
+
+@pytest.mark.parametrize("command", ["simulate", "agent run"])
+@pytest.mark.parametrize("case", sorted(BAD_SCENARIOS))
+def test_bad_scenario_files_are_refused(
+    command: str, case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = tmp_path / "mine.toml"
+    scenario.write_text(BAD_SCENARIOS[case])
+    store = tmp_path / "never.duckdb"
+    if command == "simulate":
+        argv = ["simulate", str(scenario), "--store", str(store)]
+    else:
+        argv = [*WRITERS["agent run"](store, {}), "--simulate", str(scenario)]
+        argv.remove("--virtual-gpus")
+        argv.remove("1")
+    rc, _, err = run(capsys, *argv)
+    assert_refused(rc, err, str(scenario))
+    assert not store.exists()
+
+
+@pytest.mark.parametrize("days", ["nan", "inf", "-1", "0"])
+def test_simulate_refuses_impossible_days(
+    days: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "never.duckdb"
+    rc, _, err = run(capsys, "simulate", "demo", "--store", str(store), "--days", days)
+    assert_refused(rc, err, "--days")
+    assert not store.exists()
+
+
+def test_a_store_entirely_ahead_of_this_clock_still_analyzes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every sample a year ahead: this machine's clock is behind (or the store simulates days
+    to come); the window ends at the newest sample, and the log says so."""
+    import json
+
+    store = Store(tmp_path / "ahead.duckdb")
+    ahead = time.time() + 365 * 86400
+    store.add(
+        GpuSample(ahead + 60 * m, "n1", "GPU-1", 0, True, 0.5, None, 1 << 30, None, None, 300.0)
+        for m in range(100)
+    )
+    store.flush()
+    store.close()
+    rc, out, err = run(capsys, "analyze", "--store", str(store.path))
+    assert rc == 0, err
+    doc = json.loads(out)
+    newest = time.strftime("%Y-%m-%dT%H:%M", time.gmtime(ahead + 99 * 60))
+    assert doc["window"]["end"].startswith(newest)
+    assert "ignored_future_samples" not in doc["window"]
+    assert "after this machine's clock" in caplog.text
