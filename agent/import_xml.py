@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.import_dcgm import CaptureError, Records, read_text, write_records
-from agent.importer import ImportResult, value
+from agent.importer import ImportResult, converted, value
 from agent.redact import redact_argv
 from agent.schema import Device, GpuSample, Process, ProcessSample, observed_process
 from agent.store import Store
@@ -76,15 +76,17 @@ _POWER_LIMIT = tuple(
 # -- reading values -------------------------------------------------------------------------------
 
 
-def number(element: ET.Element, *paths: str) -> float | None:
-    """The first of ``paths`` under ``element`` that holds a number (its unit dropped);
-    ``None`` when none does ("N/A", "Not Supported", a deprecation notice, absent)."""
+def number(element: ET.Element, *paths: str, kind: str | None = None) -> float | None:
+    """The first of ``paths`` under ``element`` that holds a number (its unit dropped, or with
+    ``kind`` converted to nvidia-smi's unit for it: ``40 GiB`` is 40960 MiB, ``0.6 kW`` 600 W,
+    and a unit it cannot mean or a value out of range counts as not reported); ``None`` when
+    none does ("N/A", "Not Supported", a deprecation notice, absent)."""
     for path in paths:
         text = element.findtext(path)
         if text is None:
             continue
         try:
-            parsed = value(text)
+            parsed = value(text) if kind is None else converted(text, kind)
         except ValueError:
             continue
         if parsed is not None:
@@ -98,7 +100,7 @@ def _scaled(element: ET.Element, path: str, scale: float) -> float | None:
 
 
 def _mib(element: ET.Element, path: str) -> int | None:
-    parsed = number(element, path)
+    parsed = number(element, path, kind="mib")
     return None if parsed is None else int(parsed * _MIB)
 
 
@@ -176,7 +178,7 @@ class _Context:
 
 
 def _sample(gpu: ET.Element, ctx: _Context, uuid: str, index: int) -> GpuSample:
-    power = next((p for p in (number(gpu, path) for path in _POWER_DRAW) if p is not None), None)
+    power = number(gpu, *_POWER_DRAW, kind="watts")
     return GpuSample(
         ts=ctx.ts,
         node=ctx.node,
@@ -200,9 +202,7 @@ def _sample(gpu: ET.Element, ctx: _Context, uuid: str, index: int) -> GpuSample:
 
 
 def _device(gpu: ET.Element, ctx: _Context, uuid: str, index: int) -> Device:
-    power_limit = next(
-        (p for p in (number(gpu, path) for path in _POWER_LIMIT) if p is not None), None
-    )
+    power_limit = number(gpu, *_POWER_LIMIT, kind="watts")
     mig = _text(gpu, "mig_mode/current_mig")
     return Device(
         node=ctx.node,
@@ -256,9 +256,17 @@ def _mig_records(gpu: ET.Element, ctx: _Context, parent: Device, out: Records) -
                 nvlink_count=None,
                 last_seen_ts=ctx.ts,
                 source=SOURCE,
+                parent_uuid=parent.uuid,
+                mig_profile=_text(mig, "profile"),
+                gpu_instance_id=int(gi) if gi.isdigit() else None,
+                compute_instance_id=_int_or_none(_text(mig, "compute_instance_id")),
             )
         )
     return instances
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
 
 
 def _process_records(

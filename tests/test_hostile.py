@@ -729,3 +729,38 @@ def test_a_store_entirely_ahead_of_this_clock_still_analyzes(
     assert doc["window"]["end"].startswith(newest)
     assert "ignored_future_samples" not in doc["window"]
     assert "after this machine's clock" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("memory", "power", "expected"),
+    [
+        ("40 GiB", "0.3015 kW", (40 << 30, 301.5)),
+        ("30000 MiB", "301500 mW", (30000 << 20, 301.5)),
+        ("40 GB", "301.50 V", (None, None)),  # units nvidia-smi cannot mean: not reported
+    ],
+)
+def test_xml_units_are_converted_or_refused(
+    memory: str,
+    power: str,
+    expected: tuple[int | None, float | None],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tests.conftest import FIXTURES
+
+    text = (FIXTURES / "captures" / "nvidia-smi-multi.xml").read_text()
+    dump = tmp_path / "dump.xml"
+    dump.write_text(
+        text.replace("<used>30000 MiB</used>", f"<used>{memory}</used>", 1).replace(
+            "<power_draw>301.50 W</power_draw>", f"<power_draw>{power}</power_draw>", 1
+        )
+    )
+    store = tmp_path / "s.duckdb"
+    rc, _, err = run(capsys, "import", "nvidia-smi-xml", str(dump), "--store", str(store))
+    assert rc == 0, err
+    (row,) = _rows(
+        store,
+        "SELECT memory_used_bytes, power_watts FROM gpu_samples "
+        "WHERE uuid = 'GPU-eeeeeeee-4444-4444-4444-444444444444' ORDER BY ts LIMIT 1",
+    )
+    assert row == (expected[0], pytest.approx(expected[1]) if expected[1] else None)
