@@ -264,6 +264,9 @@ def _describe(gpu: _Gpu, s: Series) -> None:
         "pci_bus_id": s.label("pci_bus_id"),
         "driver_version": s.label("DCGM_FI_DRIVER_VERSION"),
         "mig_mode": True if instance is not None else None,
+        # The schema's MIG identity (schema 2; the parent's uuid is the instance's prefix).
+        "mig_profile": s.label("GPU_I_PROFILE") if instance is not None else None,
+        "gpu_instance_id": int(instance) if instance is not None and instance.isdigit() else None,
     }
     gpu.device.update({k: v for k, v in facts.items() if v is not None})
     holder = (s.label("namespace"), s.label("pod"), s.label("container"), s.label("hpc_job"))
@@ -324,6 +327,9 @@ def _device(gpu: _Gpu) -> Device:
         nvlink_count=None,
         last_seen_ts=gpu.ts,
         source=SOURCE,
+        parent_uuid=gpu.uuid.rsplit("/gi", 1)[0] if d.get("mig_mode") else None,
+        mig_profile=d.get("mig_profile"),
+        gpu_instance_id=d.get("gpu_instance_id"),
     )
 
 

@@ -463,6 +463,15 @@ def test_imported_mig_instances_are_analyzed_as_instances(tmp_path) -> None:
         f"{parent}/gi9": {"parent_uuid": parent, "profile": "1g.10gb", "gpu_instance_id": 9},
     }
     assert parent not in {g["uuid"] for g in doc["gpus"]}
+    stored = query(
+        store,
+        "SELECT uuid, parent_uuid, mig_profile, gpu_instance_id FROM devices "
+        "WHERE parent_uuid IS NOT NULL ORDER BY uuid",
+    )
+    assert stored == [
+        (f"{parent}/gi1", parent, "3g.40gb", 1),
+        (f"{parent}/gi9", parent, "1g.10gb", 9),
+    ]
 
 
 def test_the_agent_follows_a_re_partitioning_while_it_runs(tmp_path, clock) -> None:
