@@ -2,9 +2,10 @@
 
 Usage: nice python bench/agent_overhead.py [--seconds 120] [--warmup 20] [--gpus 8]
 
-It runs the real ``aiscope agent run --virtual-gpus 8`` in a child process (scheduler, 1 Hz
-sampling, process scans every 5 s, flushes every 10 s, rollups, the /metrics server scraped every
-15 s as Prometheus would) and measures it from outside, from ``/proc/<pid>``:
+It runs the real agent in a child process, as ``aiscope agent run --virtual-gpus 8`` runs it
+once it has exec'd into :mod:`aiscope.agentd` (scheduler, 1 Hz sampling, process scans every
+5 s, flushes every 10 s, rollups, the trailing analysis in its own child, the /metrics server
+scraped every 15 s as Prometheus would) and measures it from outside, from ``/proc/<pid>``:
 
 * CPU: utime + stime of all its threads over a fixed window after warm-up, in cores;
 * memory: RSS, PSS and USS (private pages) from ``smaps_rollup``, anonymous vs file-backed, and
@@ -44,18 +45,16 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 # -- the parts, each measured in a fresh interpreter ---------------------------------------------
 
-#: (label, statement): run one after another in one interpreter; each row is what it adds.
+#: (label, statement): run one after another in one interpreter; each row is what it adds. The
+#: agent's own import set, in its order, then what it builds; the CLI last, as what the exec into
+#: aiscope.agentd leaves behind.
 PARTS = [
     ("python interpreter", "pass"),
     ("import duckdb", "import duckdb"),
     ("import psutil", "import psutil"),
     ("import prometheus_client", "import prometheus_client"),
     ("import pynvml", "import pynvml"),
-    ("import typer, click, rich (the CLI)", "import typer"),
-    (
-        "aiscope's modules (cli, agent, compose)",
-        "import aiscope.cli, agent.service, aiscope.compose",
-    ),
+    ("aiscope's agent modules", "import aiscope.agentd, agent.service, aiscope.compose"),
     ("DuckDB instance (writer session)", "con = duckdb.connect(':memory:', config={'threads': 1})"),
     (
         "store: first write (schema, one flush)",
@@ -64,6 +63,10 @@ PARTS = [
         "s = Store(__import__('pathlib').Path(STORE))\n"
         "s.add([HostSample(ts=1.0, node='n')])\n"
         "s.flush()",
+    ),
+    (
+        "(left behind) the CLI: typer, click, rich, pydantic",
+        "import aiscope.cli, typer._adapters",
     ),
 ]
 
@@ -103,11 +106,12 @@ def measure_parts(tmp: str) -> list[list[Any]]:
 
 
 def child(args: argparse.Namespace) -> int:
-    """``aiscope agent run --virtual-gpus N``, plus a SIGUSR1 handler that appends the agent's
-    own counters to ``args.child_stats``."""
-    import aiscope.compose  # loaded by the command anyway
+    """What ``aiscope agent run --virtual-gpus N`` runs once it has exec'd into
+    :mod:`aiscope.agentd` (the parsed command, without the CLI), plus a SIGUSR1 handler that
+    appends the agent's own counters to ``args.child_stats``."""
+    import aiscope.compose  # loaded by the agent anyway
     import sim.synthetic
-    from aiscope.cli import main
+    from aiscope.agentd import RunSpec, run
 
     held: dict[str, Any] = {}
     make_library, build_agent = sim.synthetic.synthetic_library, aiscope.compose.build_agent
@@ -148,8 +152,8 @@ def child(args: argparse.Namespace) -> int:
             out.write(json.dumps(record) + "\n")
 
     signal.signal(signal.SIGUSR1, dump)
-    argv = ["agent", "run", "--virtual-gpus", str(args.gpus), "--store", args.store]
-    return main([*argv, "--listen", f"127.0.0.1:{args.port}"])
+    flags = {"store": Path(args.store), "listen": f"127.0.0.1:{args.port}"}
+    return run(RunSpec(flags, virtual_gpus=args.gpus))
 
 
 # -- measuring the child from outside -------------------------------------------------------------
@@ -364,12 +368,13 @@ def report(result: dict[str, Any], parts: list[list[Any]], args: argparse.Namesp
             f"{anon - previous[3]:+6.1f} {spent * 1000:6.0f}"
         )
         previous = [rss, _pss, uss, anon]
-    bare = parts[0][2]
-    with_duckdb = parts[1][2]
+    bare, with_duckdb, floor = parts[0][2], parts[1][2], parts[-2][2]
     print(
         f"\nagent RSS / bare interpreter:             {mem['Rss'] / bare:.1f}x ({bare:.1f} MiB)\n"
         f"agent RSS / interpreter + import duckdb:  {mem['Rss'] / with_duckdb:.2f}x "
-        f"({with_duckdb:.1f} MiB)"
+        f"({with_duckdb:.1f} MiB)\n"
+        f"agent RSS over its floor (the imports, a DuckDB instance, one write: "
+        f"{floor:.1f} MiB): {mem['Rss'] - floor:+.1f} MiB"
     )
     child_peak = end["analysis_child_peak_rss"] / 2**20
     print(
