@@ -464,6 +464,7 @@ def attach_inputs(
     * Where raw samples have been pruned, the minute rollups stand in for them (one sample at
       mid-minute with the minute's means, ``source = 'rollup'``), in the fleet alias.
     """
+    con.execute("SET enable_progress_bar = false")  # never on a user's terminal
     _create_shapes(con)
     if any(isinstance(i, loc.Location) for i in inputs):
         # Segments are immutable: read each file's footer once, not once per query.
