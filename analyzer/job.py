@@ -270,7 +270,7 @@ def build(
     price = _price(doc, gpus)
     for change in changes:
         change["cost"] = None if price is None else round(change["gpu_hours"] * price, 2)
-    verdict = _verdict(changes, gpu_hours, end - start, th)
+    verdict = _verdict(changes, gpu_hours, end - start, th, waiting["gpu_hours"])
     verdict["cost"] = None if price is None else round(verdict["gpu_hours"] * price, 2)
     return {
         "schema": SCHEMA,
@@ -548,45 +548,57 @@ def _idle_held(
 
 
 def _starved(waiting: dict[str, Any]) -> list[dict[str, Any]]:
-    cause = waiting["cause"]
-    if cause is None or not waiting["gpu_hours"]:
+    """One change per cause of the job's waiting (each has its own fix), with its GPU-hours."""
+    if waiting["cause"] is None or not waiting["gpu_hours"]:
         return []
-    straggler = f" (straggler {waiting['straggler']})" if waiting.get("straggler") else ""
-    summary = ADVICE.get(cause, ADVICE["unknown"]).format(
-        ratio=waiting["ratio"] or 0.0, straggler=straggler
-    )
     evidence = [
         f"waited {waiting['gpu_hours']:.1f} of its GPU-hours, by cause: "
         + ", ".join(f"{c} {h:.1f} GPU-h" for c, h in waiting["causes"].items())
     ]
-    return [_change(f"starved_{cause}", summary, waiting["gpu_hours"], evidence)]
+    total = waiting["gpu_hours"]
+    out = []
+    for cause, hours in waiting["causes"].items():
+        straggler = (
+            f" (straggler {waiting['straggler']})"
+            if waiting.get("straggler") and cause == "communication"
+            else ""
+        )
+        # the share of the job's time spent waiting for this cause
+        ratio = (waiting["ratio"] or 0.0) * hours / total
+        summary = ADVICE.get(cause, ADVICE["unknown"]).format(ratio=ratio, straggler=straggler)
+        out.append(_change(f"starved_{cause}", summary, hours, evidence))
+    return out
 
 
 def _slowed(findings: list[dict[str, Any]], tenant: str) -> list[dict[str, Any]]:
-    mine = [
-        f
-        for f in findings
-        if f["kind"] == "noisy_neighbor" and f.get("victim") == tenant and f["gpu_hours_lost"] > 0
-    ]
+    """A neighbour that slowed the job; where its slowdown could not be measured (it never ran
+    alone) but it shared a GPU with a co-tenant, the sharing itself, at 0 GPU-hours."""
+    mine = [f for f in findings if f["kind"] == "noisy_neighbor" and f.get("victim") == tenant]
     if not mine:
         return []
-    worst = max(mine, key=lambda f: f["gpu_hours_lost"])
-    slowdown = worst.get("slowdown_ratio")
-    how = f"{slowdown:.0%} slower" if isinstance(slowdown, float) else "slowed"
+    worst = max(mine, key=lambda f: (f["gpu_hours_lost"], f["end"]))
     fix = (
         "ask for exclusive GPUs (no time-slicing or MPS sharing)"
         if worst.get("resource") == "gpu"
         else "ask for exclusive nodes, or report the noisy neighbour to the admins"
     )
-    summary = f"{how} while {worst['aggressor']} shared its {worst['resource']}: {fix}"
+    slowdown = worst.get("slowdown_ratio")
+    if isinstance(slowdown, int | float) and worst["gpu_hours_lost"] > 0:
+        summary = f"{slowdown:.0%} slower while {worst['aggressor']} shared its {worst['resource']}"
+    else:
+        shared = (_ts(worst["end"]) - _ts(worst["start"])) / HOUR
+        summary = (
+            f"shared its {worst['resource']} with {worst['aggressor']} for {shared:.1f} h; its own "
+            "slowdown could not be measured (it never ran alone)"
+        )
     hours = sum(f["gpu_hours_lost"] for f in mine)
-    return [_change("isolate", summary, hours, [worst["evidence"][0]])]
+    return [_change("isolate", f"{summary}: {fix}", hours, [worst["evidence"][0]])]
 
 
 def _rightsize(gpus: list[dict[str, Any]], cls: str | None) -> list[dict[str, Any]]:
-    """A MIG slice (or a smaller GPU) when the job's memory peak and busiest compute both fit
-    one: the peak with 10% headroom within the slice's memory, p95 utilization within its share
-    of the compute. Never for training (a slice would slow it)."""
+    """A MIG slice when the job's memory peak and busiest compute both fit one: the peak with
+    10% headroom within the slice's memory, p95 utilization within its share of the compute.
+    Never for training (a slice would slow it)."""
     busy = [g for g in gpus if g["ran_kernels"] and g["memory_peak_ratio"] is not None]
     if (
         cls == "training"
@@ -613,10 +625,9 @@ def _rightsize(gpus: list[dict[str, Any]], cls: str | None) -> list[dict[str, An
         )
         saved = hours * (1.0 - fit["slices"] / 7.0)
         return [_change("smaller_gpu", summary, saved, [e for e in evidence if e])]
-    if p95 > 0.5 or not total:
-        return []
-    summary = f"memory peak {peak / GIB:.0f} GiB of {total / GIB:.0f}: fits a smaller GPU"
-    return [_change("smaller_gpu", summary, hours * (1.0 - max(p95, peak_ratio)), evidence)]
+    # No slice fits, or the model has none: "a smaller GPU" would be a guess at another model's
+    # compute, so nothing is said.
+    return []
 
 
 def _slice(model: str | None, need_gib: float, p95: float) -> dict[str, Any] | None:
@@ -630,17 +641,27 @@ def _slice(model: str | None, need_gib: float, p95: float) -> dict[str, Any] | N
 
 
 def _verdict(
-    changes: list[dict[str, Any]], gpu_hours: float, seconds: float, th: Thresholds
+    changes: list[dict[str, Any]],
+    gpu_hours: float,
+    seconds: float,
+    th: Thresholds,
+    waited: float = 0.0,
 ) -> dict[str, Any]:
-    """The one change that would help most, or "healthy" (or "too short to judge")."""
+    """The one change that would help most, or "healthy" (or "too short to judge"). Waiting
+    counts whole (``waited``): a job that waits 8% of its time, half in collectives and half
+    for reasons unmeasured, is worth its costliest cause."""
+    floor = max(VERDICT_MIN_SHARE * gpu_hours, 0.1)
     worth = [
         c
         for c in changes
-        if c["gpu_hours"] >= max(VERDICT_MIN_SHARE * gpu_hours, 0.1)
+        if c["gpu_hours"] >= floor
         or c["action"] in ("release", "fewer_gpus")
+        or (c["action"].startswith("starved_") and waited >= floor)
     ]
-    if worth:
-        top = worth[0]
+    # A neighbour the analysis names but could not measure is still not "healthy".
+    unmeasured = [c for c in changes if c["action"] == "isolate"]
+    if worth or unmeasured:
+        top = (worth or unmeasured)[0]
         return {"action": top["action"], "summary": top["summary"], "gpu_hours": top["gpu_hours"]}
     if seconds < th.min_evidence_seconds:
         return {

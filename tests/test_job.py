@@ -69,10 +69,12 @@ def test_each_demo_job_gets_the_verdict_its_evidence_supports(
     assert verdict["41000"]["action"] == "starved_communication"
     stragglers = {f.get("straggler") for f in summaries["41000"]["findings"]} - {None}
     assert all(f"straggler {s}" in verdict["41000"]["summary"] for s in stragglers)
-    # the time-sliced victim: ask for exclusive GPUs; its co-tenant is not slowed (no verdict)
+    # the time-sliced pair: the measured victim gets exclusive GPUs and its slowdown; the other,
+    # never seen alone, is not called healthy: the sharing is named, unmeasured
     assert verdict["41007"]["action"] == "isolate"
-    assert "slurm job 41008" in verdict["41007"]["summary"]
-    assert verdict["41008"]["action"] == "none"
+    assert "slower while slurm job 41008 shared its gpu" in verdict["41007"]["summary"]
+    assert verdict["41008"]["action"] == "isolate"
+    assert "could not be measured" in verdict["41008"]["summary"]
     # a serving pod at low traffic with its memory pre-allocated: nothing to change
     assert verdict["chat-prod/chat-api"]["action"] == "none"
     assert summaries["chat-prod/chat-api"]["class"]["class"] == "inference"
