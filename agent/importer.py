@@ -396,17 +396,16 @@ def _identity(plan: _Plan) -> str:
 
 
 def _gpu_select(plan: _Plan) -> str:
-    """SQL turning the checked values of ``imp_vals`` into ``GpuSample`` columns (units
+    """SQL turning the checked values of ``imp_checked`` into ``GpuSample`` columns (units
     converted, "not reported" as NULL, GPUs identified by uuid, bus id, index or position in the
     sweep, the time moved by the ``$offset`` parameter)."""
 
-    c = _col
     values = {
         target: (f"CAST(v{col} * {scale} AS BIGINT)" if integer else f"v{col} * {scale}")
         for col, target, scale, integer in plan.samples
     }
     if plan.reasons is not None:
-        values["clock_event_reasons"] = f"TRY_CAST(trim({c(plan.reasons)}) AS BIGINT)"
+        values["clock_event_reasons"] = "reasons"
     selected = []
     for name in columns(GpuSample):
         expr = {
@@ -439,12 +438,26 @@ def _value_sql(col: int, kind: str, header_unit: str | None) -> tuple[str, str, 
     """(value in nvidia-smi's unit or NULL, "is a number in a known unit or not reported",
     "is within what a GPU can report") for raw column ``col`` of ``imp_parts``."""
     factors, default, (low, high) = UNITS[kind]
-    unit = f"lower(coalesce(nullif(p{col}.u, ''), {_literal(header_unit or default)}))"
+    unit = f"lower(coalesce(nullif(u{col}, ''), {_literal(header_unit or default)}))"
     cases = " ".join(f"WHEN {_literal(u)} THEN {f!r}" for u, f in factors.items())
-    value = f"TRY_CAST(p{col}.n AS DOUBLE) * (CASE {unit} {cases} ELSE NULL END)"
-    parsed = f"(v{col} IS NOT NULL OR NOT {_reported(f'c{col}')})"
+    value = f"n{col} * (CASE {unit} {cases} ELSE NULL END)"
+    parsed = f"((v{col} IS NOT NULL AND isfinite(v{col})) OR NOT {_reported(f'c{col}')})"
     in_range = f"(v{col} IS NULL OR (v{col} >= {low!r} AND v{col} <= {high!r}))"
     return value, parsed, in_range
+
+
+def _split_sql(col: int) -> str:
+    """``n<col>`` (the number) and ``u<col>`` (its unit, '' when none) of raw column ``col``:
+    split at the space nvidia-smi writes (``41185 MiB``), else by :data:`_VALUE` (``40GiB``),
+    which is slower and so only tried on what the split could not read."""
+    t = f"trim(c{col})"
+    first = f"TRY_CAST(split_part({t}, ' ', 1) AS DOUBLE)"
+    regex = f"regexp_extract({t}, {_literal(_VALUE)}, ['n', 'u'])"
+    return (
+        f"coalesce({first}, TRY_CAST(({regex}).n AS DOUBLE)) AS n{col}, "
+        f"CASE WHEN {first} IS NOT NULL THEN split_part({t}, ' ', 2) "
+        f"ELSE ({regex}).u END AS u{col}"
+    )
 
 
 def header_units(path: Path, fields: list[str] | None) -> list[str | None]:
@@ -513,10 +526,7 @@ def _import_gpus(
             f"SELECT *, {_identity(plan).replace('$node', _literal(node))} FROM r"
         )
         sql = {col: _value_sql(col, kind, units[col]) for col, kind in checked.items()}
-        parts = [
-            f"regexp_extract(trim(c{col}), {_literal(_VALUE)}, ['n', 'u']) AS p{col}"
-            for col in checked
-        ]
+        parts = [_split_sql(col) for col in checked]
         stage.sql(
             "CREATE OR REPLACE TEMP VIEW imp_parts AS SELECT *"
             + "".join(", " + p for p in parts)
@@ -529,20 +539,26 @@ def _import_gpus(
         )
         parsed_ok = " AND ".join(ok for _, ok, _ in sql.values()) or "true"
         in_range = " AND ".join(ok for _, _, ok in sql.values()) or "true"
+        # One pass over the file: only what the samples and devices need, with the verdicts.
         stage.sql(
-            "CREATE OR REPLACE TEMP VIEW imp_ok AS SELECT * FROM imp_vals "
-            f"WHERE {parsed_ok} AND {in_range}"
+            "CREATE OR REPLACE TEMP TABLE imp_checked AS SELECT ts, gpu_key, gpu_idx, "
+            f"trim({_col(plan.name)}) AS name_text, trim({_col(plan.bus)}) AS bus_text, "
+            f"TRY_CAST(trim({_col(plan.reasons)}) AS BIGINT) AS reasons"
+            + "".join(f", v{col}" for col in sql)
+            + f", {parsed_ok} AS parsed_ok, {in_range} AS in_range FROM imp_vals"
         )
         stage.sql(
-            f"INSERT INTO temp.import_stage SELECT {_gpu_select(plan)} FROM imp_ok",
+            "INSERT INTO temp.import_stage SELECT "
+            f"{_gpu_select(plan)} FROM imp_checked WHERE parsed_ok AND in_range",
             {"node": node, "offset": offset * 3600.0},
         )
         parsed, gpus = stage.sql("SELECT count(*), list(DISTINCT uuid) FROM temp.import_stage")[0]
         (out_of_range,) = stage.sql(
-            f"SELECT count(*) FROM imp_vals WHERE {parsed_ok} AND NOT ({in_range})"
+            "SELECT count(*) FROM imp_checked WHERE parsed_ok AND NOT in_range"
         )[0]
         devices = _devices(stage, plan, node, offset)
-        for view in ("imp_ok", "imp_vals", "imp_parts", "imp_gpus", "imp_ts", "imp_raw"):
+        stage.sql("DROP TABLE IF EXISTS imp_checked")
+        for view in ("imp_vals", "imp_parts", "imp_gpus", "imp_ts", "imp_raw"):
             stage.sql(f"DROP VIEW IF EXISTS {view}")
     result.rows += lines
     result.out_of_range += int(out_of_range)
@@ -560,15 +576,14 @@ def _devices(stage: Any, plan: _Plan, node: str, offset: float) -> list[Device]:
     if plan.name is None and plan.total is None and plan.limit is None:
         return []
 
-    c = _col
-
     def checked(col: int | None) -> str:
         return "NULL" if col is None else f"v{col}"
 
     rows = stage.sql(
-        f"SELECT gpu_key, any_value(gpu_idx), any_value(trim({c(plan.name)})), "
+        "SELECT gpu_key, any_value(gpu_idx), any_value(name_text), "
         f"max({checked(plan.total)}), max({checked(plan.limit)}), "
-        f"any_value(trim({c(plan.bus)})), max(ts) FROM imp_ok GROUP BY gpu_key"
+        "any_value(bus_text), max(ts) FROM imp_checked WHERE parsed_ok AND in_range "
+        "GROUP BY gpu_key"
     )
     return [
         Device(
