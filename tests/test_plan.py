@@ -351,3 +351,27 @@ def test_batch_moves_into_inference_troughs_before_buying() -> None:
     assert buy["gpus_needed"] == 2 and buy["gpus_moved_first"] == 1
     assert (buy["nodes"], buy["gpus"]) == (1, 4)  # whole nodes of the fleet's 4-GPU shape
     assert buy["kw"] == pytest.approx(1.2)  # the measured p95 node draw, 300 W a GPU
+
+
+@pytest.mark.slow
+def test_plan_through_prometheus(tmp_path: Path, inference_day_store: Path) -> None:
+    """A day of inference scraped into a real Prometheus (aiscope's own series, backfilled with
+    promtool) and read back over the HTTP API: the same pools as from the store, each with
+    not_enough_data for one day of history, and the source said. (Five weeks read this way gave
+    the store's growth and saturation week; that run takes minutes, so the suite keeps a day.)"""
+    from agent.promread import PrometheusSource
+    from aiscope.prometheus import plan_prometheus
+    from tests.conftest import require_tool
+    from tests.promserver import serve_backfill, store_to_openmetrics
+
+    require_tool("prometheus")
+    require_tool("promtool")
+    metrics = tmp_path / "metrics.om"
+    store_to_openmetrics(inference_day_store, metrics, "aiscope")
+    with serve_backfill(metrics, tmp_path) as url:
+        doc = plan_prometheus(PrometheusSource(url, vocabulary="aiscope"), "30d", "12w")
+    direct = run_aiscope("plan", "--store", str(inference_day_store), "--format", "json")
+    expected = {p["pool"]: p["capacity_gpus"] for p in json.loads(direct.stdout)["pools"]}
+    assert doc["source"]["vocabulary"] == "aiscope" and doc["stores"] == []
+    assert {p["pool"]: p["capacity_gpus"] for p in doc["pools"]} == expected
+    assert all(p["not_enough_data"] and not p["forecast"] for p in doc["pools"])
