@@ -51,7 +51,7 @@ def pool_rows(plan: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         unit = UNITS.get(p.get("unit", ""), "GPUs")
         demand = f"{_num(p['demand_p99_gpus'])} {unit}"
         if p["not_enough_data"]:
-            saturates, backtest = "not enough data", p["not_enough_data"]
+            saturates, backtest = "not enough data", "-"  # the reason follows the table
         else:
             saturates = _day(p["saturation"]) if p["saturation"] else "not in horizon"
             backtest = _backtest(p)
