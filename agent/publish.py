@@ -49,6 +49,9 @@ TABLES: tuple[str, ...] = tuple(PUBLISH_TIME_COLUMNS)
 KEYED_TABLES: frozenset[str] = frozenset(
     t for t, c in PUBLISH_TIME_COLUMNS.items() if c == "last_seen_ts"
 )
+SAMPLE_TABLES: tuple[str, ...] = tuple(t for t in TABLES if t not in KEYED_TABLES)
+#: The watermark key suffix of the whole-day segments (:func:`_compact`).
+COMPACTED = "#daily"
 DAY_SECONDS = 86400.0
 DEFAULT_SEGMENT_SECONDS = 3600.0
 DEFAULT_LATENESS_SECONDS = 600.0
@@ -139,7 +142,43 @@ def publish(
         if state.oldest.get(table) is None and math.isfinite(end) and end > marks[table]:
             store.set_published(location.url, table, end)  # empty: nothing can arrive before
             marks[table] = end
+    if segment_seconds < DAY_SECONDS:
+        done = _compact(store, location, state, marks, since, scratch)
+        totals = [a + b for a, b in zip(totals, done, strict=True)]
     return PublishResult(segments=totals[0], rows=totals[1], bytes=totals[2], watermarks=marks)
+
+
+def _compact(
+    store: Store,
+    location: loc.Location,
+    state: PublishState,
+    marks: dict[str, float],
+    since: float | None,
+    scratch: Path | None,
+) -> tuple[int, int, int]:
+    """Each whole day already published in short segments, once more as one segment per node
+    and table (``[day, day + 1 d)``): readers then open one file per node-day instead of 24, and
+    skip the short segments of a day that has a whole-day one. Agents only write, so the short
+    segments stay (a lifecycle rule or anyone with delete rights may remove them). A watermark of
+    its own (``LOCATION#daily``) makes each day compacted once, and keeps the day's rows in the
+    store until it is."""
+    key = location.url + COMPACTED
+    daily = store.publish_state(key, SAMPLE_TABLES, since if since is not None else 0.0)
+    totals = [0, 0, 0]
+    for table in SAMPLE_TABLES:
+        end = math.floor(marks.get(table, -math.inf) / DAY_SECONDS) * DAY_SECONDS
+        oldest = daily.oldest.get(table)
+        start = daily.watermarks.get(table, 0.0)
+        start = (
+            end if oldest is None else max(start, math.floor(oldest / DAY_SECONDS) * DAY_SECONDS)
+        )
+        for lo, hi in _chunks(table, start, end):
+            done = _publish_chunk(store, location, table, lo, hi, DAY_SECONDS, scratch)
+            totals = [a + b for a, b in zip(totals, done, strict=True)]
+            store.set_published(key, table, hi)
+        if start >= end > daily.watermarks.get(table, 0.0):
+            store.set_published(key, table, end)
+    return totals[0], totals[1], totals[2]
 
 
 def _closed(table: str, state: PublishState, until: float, segment_seconds: float) -> float:

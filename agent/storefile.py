@@ -561,12 +561,23 @@ def _select_segments(
     for table, folders in days.items():
         chosen: list[tuple[str, str, float, float]] = []
         for day in (d for d in folders if d.startswith("day=") and d >= first_day):
+            found = []
             for entry in loc.list_files(location, f"table={table}/{day}"):
                 parsed = _parse_segment(entry.relpath)
                 if parsed is not None:
-                    chosen.append((entry.relpath, *parsed))
+                    found.append((entry.relpath, *parsed))
+            chosen += found if table in _KEYED else _whole_days_first(found)
         out[table] = chosen
     return out
+
+
+def _whole_days_first(
+    found: list[tuple[str, str, float, float]],
+) -> list[tuple[str, str, float, float]]:
+    """A node's day that has a whole-day segment (``agent.publish`` compacts each day once it
+    is published) is read from it alone: its shorter segments hold the same rows."""
+    whole = {node for _, node, start, end in found if end - start >= 86400.0}
+    return [f for f in found if f[1] not in whole or f[3] - f[2] >= 86400.0]
 
 
 def _newest_segment_end(location: loc.Location, days: list[str]) -> float | None:

@@ -141,13 +141,27 @@ def _segments_dir(target: str, env: dict[str, str], scratch: Path) -> Path:
     return scratch
 
 
+def _current(files: list[Path]) -> list[str]:
+    """The segments a reader uses: a node-day's whole-day segment, once there, replaces the
+    shorter ones (same rows)."""
+    whole = {p.parent for p in files if _is_whole_day(p.name)}
+    return [str(p) for p in files if p.parent not in whole or _is_whole_day(p.name)]
+
+
+def _is_whole_day(name: str) -> bool:
+    first, last = name.removesuffix(".parquet").rsplit("_", 2)[1:]
+    day = calendar.timegm(time.strptime(first[:8], "%Y%m%d"))
+    midnight = time.strftime("%Y%m%dT000000Z", time.gmtime(day + 86400))
+    return first.endswith("T000000Z") and last == midnight
+
+
 def _difference(store: Path, segments: Path, table: str) -> tuple[int, int, int]:
     """(rows in the store, store rows missing from the segments, segment rows not in the store
     or there twice): exactly once means (n, 0, 0)."""
     con = duckdb.connect()
     try:
         con.execute(f"ATTACH '{store}' AS s (READ_ONLY)")
-        files = sorted(str(p) for p in segments.glob(f"table={table}/*/*/*.parquet"))
+        files = _current(sorted(segments.glob(f"table={table}/*/*/*.parquet")))
         if not files:
             seg = f"SELECT * FROM s.{table} LIMIT 0"
         else:
@@ -279,7 +293,8 @@ def test_interrupted_publish_is_redone_under_the_same_names(tmp_path: Path) -> N
     names = sorted(str(p.relative_to(target.root)) for p in Path(target.root).rglob("*.parquet"))
     expected = sorted(str(p.relative_to(clean.root)) for p in Path(clean.root).rglob("*.parquet"))
     assert names == expected  # the retry overwrote n1's segment instead of adding a copy
-    assert result.rows == 2 * 3 * 60 * 2  # gpu and host rows of both nodes, n1's again
+    # gpu and host rows of both nodes (n1's again), and once more as the day's whole segment
+    assert result.rows == 2 * (2 * 3 * 60 * 2)
     for table in ("gpu_samples", "host_samples"):
         assert _difference(store.path, Path(target.root), table)[1:] == (0, 0)
     assert publish(store, target, start + 4 * 3600).rows == 0
@@ -317,13 +332,16 @@ def test_pruner_keeps_unpublished_rows(tmp_path: Path) -> None:
     store.raw_retention_seconds = 60.0
     target = loc.parse(str(tmp_path / "fleet"))
     publish(store, target, start + 3600)  # up to the last whole hour before it
-    until = (start + 3600) // 3600 * 3600
     store.rollup(start + 10 * 86400)
     store.prune(start + 10 * 86400)  # both hours are past retention and rolled up
     with duckdb.connect(str(store.path), read_only=True) as con:
         kept = con.execute("SELECT min(ts), count(*) FROM gpu_samples").fetchone()
-    assert kept is not None and until <= kept[0] < until + 60
-    publish(store, target, start + 3 * 3600)
+    assert kept is not None and kept[1] == 120  # nothing: the day is not compacted yet
+    publish(store, target, start + 3 * 3600)  # all published, the day not yet compacted
+    store.prune(start + 10 * 86400)
+    with duckdb.connect(str(store.path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM gpu_samples").fetchone() == (120,)
+    publish(store, target, start + 86400)  # the day is over: compacted into one segment
     store.prune(start + 10 * 86400)
     with duckdb.connect(str(store.path), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM gpu_samples").fetchone() == (0,)
@@ -501,3 +519,31 @@ def test_a_short_window_reads_only_its_days(tmp_path: Path) -> None:
     assert analyze([target.root], since="7d") == week
     with pytest.raises(AiscopeError, match=r"(?i)parquet"):
         analyze([target.root], since="30d")
+
+
+def test_whole_days_are_compacted_and_read_alone(tmp_path: Path) -> None:
+    """Hourly segments of a day that is over are published once more as one segment per node
+    and table; readers then open that one alone, and the store keeps the day until then."""
+    start = 1_780_000_000.0  # 2026-05-28T20:26:40Z
+    store = _store_with_rows(tmp_path / "s.duckdb", ["n1", "n2"], start, hours=30, step=300)
+    target = loc.parse(str(tmp_path / "fleet"))
+    publish(store, target, start + 12 * 3600)  # 2026-05-29 08:26: the 28th is over
+    root = Path(target.root)
+    whole = sorted(p.name for p in root.rglob("*_20260528T000000Z_20260529T000000Z.parquet"))
+    assert whole == [
+        "n1_gpu_samples_20260528T000000Z_20260529T000000Z.parquet",
+        "n1_host_samples_20260528T000000Z_20260529T000000Z.parquet",
+        "n2_gpu_samples_20260528T000000Z_20260529T000000Z.parquet",
+        "n2_host_samples_20260528T000000Z_20260529T000000Z.parquet",
+    ]
+    assert not list(root.rglob("*_20260529T000000Z_20260530T000000Z.parquet"))  # not over yet
+    publish(store, target, start + 40 * 3600)
+    doc = analyze([target.root], since="7d")
+    for table in ("gpu_samples", "host_samples"):
+        assert _difference(store.path, root, table)[1:] == (0, 0)
+    # The short segments of a compacted day are never read again.
+    for hourly in root.rglob("*_20260528T2[0-3]0000Z_*.parquet"):
+        hourly.write_bytes(b"superseded")
+    assert analyze([target.root], since="7d") == doc
+    assert publish(store, target, start + 40 * 3600).rows == 0
+    store.close()
