@@ -208,8 +208,9 @@ def _spans(
     """(node, uuid, start, end) per GPU of the job, clipped to the analysis window; allocated
     GPUs without the job's processes span the job's whole time."""
     lo, hi = _ts(doc["window"]["start"]), _ts(doc["window"]["end"])
+    # The document's times are whole seconds: a span never ends before it starts.
     spans = {
-        (h.node, h.uuid): (max(h.first_ts, lo), min(h.last_ts, hi))
+        (h.node, h.uuid): (max(h.first_ts, lo), max(min(h.last_ts, hi), h.first_ts, lo))
         for h in job.holdings
         if h.last_ts >= lo
     }
@@ -408,11 +409,16 @@ def _class_over(
     """The class the analysis gave the GPU for most of ``[start, end]``, its time-weighted
     confidence, and the evidence of the longest segment of that class."""
     weight: dict[str, float] = {}
+    scored: dict[str, float] = {}  # confidence x overlap, per class
     best: dict[str, tuple[float, dict[str, Any]]] = {}
     for s in segments:
-        overlap = min(_ts(s["end"]), end) - max(_ts(s["start"]), start)
+        seg_start, seg_end = _ts(s["start"]), _ts(s["end"])
+        overlap = min(seg_end, end) - max(seg_start, start)
+        if end - start < 1.0 and seg_start <= start <= seg_end:
+            overlap = 1.0  # a job seen at one instant: the segment that holds it
         if overlap <= 0:
             continue
+        scored[s["class"]] = scored.get(s["class"], 0.0) + s["confidence"] * overlap
         weight[s["class"]] = weight.get(s["class"], 0.0) + overlap
         if overlap > best.get(s["class"], (0.0, {}))[0]:
             best[s["class"]] = (overlap, s)
@@ -422,29 +428,26 @@ def _class_over(
     # (a nightly job's days), not its class; idle only when nothing else is seen.
     busy = {c: w for c, w in weight.items() if c != "idle"} or weight
     cls = max(busy, key=lambda c: (busy[c], c))
-    segs = [s for s in segments if s["class"] == cls]
-    conf = (
-        sum(
-            s["confidence"] * max(min(_ts(s["end"]), end) - max(_ts(s["start"]), start), 0.0)
-            for s in segs
-        )
-        / weight[cls]
-    )
+    conf = scored[cls] / weight[cls]
     return str(cls), round(conf, 2), list(best[cls][1].get("evidence", []))
 
 
 def _job_class(gpus: list[dict[str, Any]]) -> dict[str, Any]:
     """The class held for most of the job's GPU-hours, with the evidence of its busiest GPU."""
     hours: dict[str, float] = {}
+
+    def weight(g: dict[str, Any]) -> float:  # a job seen at one instant weighs its GPUs alike
+        return max(float(g["held_hours"]), 1e-6)
+
     for g in gpus:
         if g["class"]:
-            hours[g["class"]] = hours.get(g["class"], 0.0) + g["held_hours"]
+            hours[g["class"]] = hours.get(g["class"], 0.0) + weight(g)
     if not hours:
         return {"class": None, "confidence": None, "evidence": []}
     cls = max(hours, key=lambda c: (hours[c], c))
     mine = [g for g in gpus if g["class"] == cls]
     lead = max(mine, key=lambda g: (g["held_hours"], g["confidence"] or 0.0))
-    conf = sum((g["confidence"] or 0.0) * g["held_hours"] for g in mine) / max(hours[cls], 1e-9)
+    conf = sum((g["confidence"] or 0.0) * weight(g) for g in mine) / hours[cls]
     return {"class": cls, "confidence": round(conf, 2), "evidence": lead["evidence"]}
 
 

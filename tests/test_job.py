@@ -198,3 +198,18 @@ def test_with_prices_the_job_and_its_verdict_have_a_cost_and_an_owner(
     assert doc["verdict"]["cost"] == pytest.approx(doc["verdict"]["gpu_hours"] * 4.0, abs=0.05)
     assert "USD" in render_job(doc)
     assert job_summary([str(demo_two_day_store)], "41006")["cost"] is None
+
+
+def test_a_pod_seen_in_one_dcgm_scrape(tmp_path: Path) -> None:
+    """A dcgm-exporter scrape names pods by namespace/name; one scrape is one instant."""
+    store = tmp_path / "scrape.duckdb"
+    imported = run_aiscope(
+        "import", "dcgm", str(REPO / "fixtures" / "captures" / "dcgm-mig-pods.prom"),
+        "--store", str(store),
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    doc = job_summary([str(store)], "serving/llama-7b-5d9f8")
+    assert doc["job"]["kind"] == "pod" and doc["window"]["hours"] == 0.0
+    assert doc["class"]["class"] == "inference" and doc["class"]["confidence"] == 0.5
+    assert doc["verdict"]["summary"].startswith("too short to judge")
+    assert doc["gpus"][0]["memory_peak_bytes"] <= doc["gpus"][0]["memory_total_bytes"]
