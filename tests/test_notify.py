@@ -203,6 +203,7 @@ def test_dry_run_sends_and_records_nothing(tmp_path: Path, smtp: Smtp, store: Pa
     assert "would mail the weekly report to gpu-platform@example.org" in out.stdout
     assert "would tell" in out.stdout and "slurm job 41009" in out.stdout
     assert smtp.messages() == []
+    assert PASSWORD not in out.stdout + out.stderr
     tables = query(store, "SELECT count(*) FROM duckdb_tables() WHERE table_name='notices_sent'")
     assert tables == [(0,)]
 
@@ -213,6 +214,7 @@ def test_refused_login_is_one_line_and_exit_1(tmp_path: Path, smtp: Smtp, store:
     assert out.returncode == 1
     assert out.stderr.strip().count("\n") == 0
     assert out.stderr.startswith(f"aiscope: SMTP 127.0.0.1:{smtp.port}: login refused")
+    assert "wrong" not in out.stderr  # the password is never echoed
     assert smtp.messages() == []
 
 
@@ -341,3 +343,29 @@ def test_addresses_by_user_workload_or_team() -> None:
     assert cfg.address(dataclasses.replace(base, user="zed")) == "zed@b.c"
     nobody = dataclasses.replace(base, user=None, subject="unit u")
     assert cfg.address(nobody) is None
+
+
+def test_a_refusing_webhook_names_the_server_not_its_token(tmp_path: Path, store: Path) -> None:
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(404)
+            self.end_headers()
+            self.wfile.write(b"no_service")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/services/T0/B0/sEcReTtOkEn"
+        (tmp_path / "hook").write_text(url)
+        config = tmp_path / "hook.toml"
+        config.write_text(f'[notify]\nwebhook_url_file = "{tmp_path / "hook"}"\n')
+        out = run_aiscope("notify", "--store", str(store), "--config", str(config))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode == 1
+    assert "HTTP 404 no_service" in out.stderr and "sEcReTtOkEn" not in out.stderr
