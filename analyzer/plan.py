@@ -24,7 +24,6 @@ whose upper bound does.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import math
 import tomllib
 from collections import defaultdict
@@ -271,7 +270,8 @@ def _sum(series: list[list[float | None]], steps: int) -> list[float | None]:
 
 
 def _pool(s: PoolSeries, end: float, horizon_seconds: float) -> dict[str, Any]:
-    known = [v for v in s.demand if v is not None]
+    """One pool's entry: its newest week's demand, and the forecast with its backtest, or
+    ``not_enough_data`` with the reason."""
     last_week = [v for v in s.demand[-int(WEEK / HOUR) :] if v is not None]
     entry: dict[str, Any] = {
         "pool": s.pool,
@@ -294,24 +294,29 @@ def _pool(s: PoolSeries, end: float, horizon_seconds: float) -> dict[str, Any]:
         waited = [v for v in s.pending[-int(WEEK / HOUR) :] if v is not None]
         entry["pending_p99_gpus"] = _r(fc.quantile(waited, WEEK_QUANTILE)) if waited else None
         entry["pending_mean_gpus"] = _r(sum(waited) / len(waited)) if waited else None
+    reason = _forecast(entry, s, end, horizon_seconds)
+    entry["not_enough_data"] = reason
+    return entry
+
+
+def _forecast(
+    entry: dict[str, Any], s: PoolSeries, end: float, horizon_seconds: float
+) -> str | None:
+    """Fill the entry's forecast fields; the reason there is no forecast, else ``None``."""
+    known = sum(1 for v in s.demand if v is not None)
     days = len(s.demand) * HOUR / DAY
-    if days < 14 or len(known) < 14 * 24 * 0.5:
-        entry["not_enough_data"] = (
-            f"{days:.1f} days of history ({len(known)} hours with data); a weekly forecast "
+    if days < 14 or known < 14 * 24 * 0.5:
+        return (
+            f"{days:.1f} days of history ({known} hours with data); a weekly forecast "
             "needs at least 14 days, half of them with data"
         )
-        return entry
     bt = fc.backtest(s.demand, HOUR, level=LEVEL)
-    if isinstance(bt, fc.NotEnoughData):
-        entry["not_enough_data"] = bt.reason
-        return entry
     model = fc.fit(s.demand, HOUR)
+    if isinstance(bt, fc.NotEnoughData):
+        return bt.reason
     if isinstance(model, fc.NotEnoughData):
-        entry["not_enough_data"] = model.reason
-        return entry
-    steps = max(1, round(horizon_seconds / HOUR))
-    f = model.forecast(steps, LEVEL)
-    weeks = _weeks(f, end)
+        return model.reason
+    weeks = _weeks(model.forecast(max(1, round(horizon_seconds / HOUR)), LEVEL), end)
     entry["growth_per_week"] = _r(model.growth_per_week, 4)
     entry["season"] = _season(s.demand, model.season_steps)
     entry["forecast"] = weeks
@@ -326,7 +331,7 @@ def _pool(s: PoolSeries, end: float, horizon_seconds: float) -> dict[str, Any]:
     entry["saturation"] = _first(weeks, "p50", s.capacity_gpus)
     if s.pool == "inference":
         entry["slo_risk"] = _first(weeks, "high", s.capacity_gpus)
-    return entry
+    return None
 
 
 def _weeks(f: fc.Forecast, end: float) -> list[dict[str, Any]]:
@@ -585,8 +590,3 @@ def _notes(site: Site, pending: Pending | None) -> list[str]:
 
 def _r(value: float | None, digits: int = 3) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, digits)
-
-
-def week_of(ts: str) -> dt.datetime:
-    """An ISO timestamp of the document as a datetime (UTC)."""
-    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))
