@@ -25,6 +25,7 @@ the oldest row still in its buffer; rollups also wait for their minute to be rol
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import math
@@ -53,6 +54,11 @@ SAMPLE_TABLES: tuple[str, ...] = tuple(t for t in TABLES if t not in KEYED_TABLE
 #: The watermark key suffix of the whole-day segments (:func:`_compact`).
 COMPACTED = "#daily"
 DAY_SECONDS = 86400.0
+#: What publish runs sent, by (table, node, segment start): (segment end, rows, and the run's
+#: ``closed_before``, which says how long ago it was published).
+Published = dict[tuple[str, str, float], tuple[float, int, float]]
+#: The folder of the short segments of days not yet compacted into whole ones.
+RECENT = "recent/"
 DEFAULT_SEGMENT_SECONDS = 3600.0
 DEFAULT_LATENESS_SECONDS = 600.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -94,11 +100,16 @@ def node_part(node: str) -> str:
 
 def relpath(segment: SegmentFile) -> str:
     """Where a segment goes under the location (deterministic from node, table, interval).
-    Keyed tables go under the day their interval ends in, the day readers look at."""
-    day = day_of(segment.end - 1e-3 if segment.table in KEYED_TABLES else segment.start)
+    Whole days go under ``table=…``, shorter segments (a day not over yet) under
+    ``recent/table=…``, so an engine reading ``table=…`` sees every row once. Keyed tables go
+    under ``table=…`` and the day their interval ends in, the day readers look at."""
+    keyed = segment.table in KEYED_TABLES
+    day = day_of(segment.end - 1e-3 if keyed else segment.start)
     node = node_part(segment.node)
     name = f"{node}_{segment.table}_{stamp(segment.start)}_{stamp(segment.end)}.parquet"
-    return f"table={segment.table}/day={day}/node={node}/{name}"
+    whole = segment.end - segment.start >= DAY_SECONDS and segment.start % DAY_SECONDS == 0
+    prefix = "" if keyed or whole else RECENT
+    return f"{prefix}table={segment.table}/day={day}/node={node}/{name}"
 
 
 # -- one run --------------------------------------------------------------------------------------
@@ -121,10 +132,14 @@ def publish(
     segment_seconds: float = DEFAULT_SEGMENT_SECONDS,
     since: float | None = None,
     scratch: Path | None = None,
+    settle_seconds: float = 0.0,
+    published: Published | None = None,
 ) -> PublishResult:
     """Publish every table of ``store`` up to ``closed_before`` (rounded down to a slot) to
     ``location``. ``since`` is how far back a table that was never published starts (default:
-    its oldest row). Raises :class:`agent.location.LocationError` or
+    its oldest row). A day is compacted into whole-day segments once its end is
+    ``settle_seconds`` behind the watermark; ``published`` collects each segment's rows (for
+    :func:`republish_late`). Raises :class:`agent.location.LocationError` or
     :class:`agent.store.StoreError`; what was published before the failure stays published."""
     state = store.publish_state(location.url, TABLES, since if since is not None else 0.0)
     until = math.floor(closed_before / segment_seconds) * segment_seconds
@@ -135,7 +150,9 @@ def publish(
         start = max(marks.get(table, 0.0), since if since is not None else -math.inf)
         start = _skip_empty(start, state.oldest.get(table), end, segment_seconds)
         for lo, hi in _chunks(table, start, end):
-            done = _publish_chunk(store, location, table, lo, hi, segment_seconds, scratch)
+            done = _publish_chunk(
+                store, location, table, lo, hi, segment_seconds, scratch, published, closed_before
+            )
             totals = [a + b for a, b in zip(totals, done, strict=True)]
             store.set_published(location.url, table, hi)
             marks[table] = hi
@@ -143,7 +160,7 @@ def publish(
             store.set_published(location.url, table, end)  # empty: nothing can arrive before
             marks[table] = end
     if segment_seconds < DAY_SECONDS:
-        done = _compact(store, location, state, marks, since, scratch)
+        done = _compact(store, location, state, marks, since, scratch, settle_seconds)
         totals = [a + b for a, b in zip(totals, done, strict=True)]
     return PublishResult(segments=totals[0], rows=totals[1], bytes=totals[2], watermarks=marks)
 
@@ -155,6 +172,7 @@ def _compact(
     marks: dict[str, float],
     since: float | None,
     scratch: Path | None,
+    settle_seconds: float,
 ) -> tuple[int, int, int]:
     """Each whole day already published in short segments, once more as one segment per node
     and table (``[day, day + 1 d)``): readers then open one file per node-day instead of 24, and
@@ -166,7 +184,8 @@ def _compact(
     daily = store.publish_state(key, SAMPLE_TABLES, since if since is not None else 0.0)
     totals = [0, 0, 0]
     for table in SAMPLE_TABLES:
-        end = math.floor(marks.get(table, -math.inf) / DAY_SECONDS) * DAY_SECONDS
+        settled = marks.get(table, -math.inf) - settle_seconds
+        end = math.floor(settled / DAY_SECONDS) * DAY_SECONDS
         oldest = daily.oldest.get(table)
         start = daily.watermarks.get(table, 0.0)
         start = (
@@ -216,6 +235,8 @@ def _publish_chunk(
     hi: float,
     segment_seconds: float,
     scratch: Path | None,
+    published: Published | None = None,
+    published_at: float = 0.0,
 ) -> tuple[int, int, int]:
     """Export one chunk to local files, upload each, and return (segments, rows, bytes)."""
     work = Path(tempfile.mkdtemp(prefix="aiscope-publish-", dir=scratch))
@@ -225,9 +246,53 @@ def _publish_chunk(
         for segment in files:
             loc.put(location, relpath(segment), segment.path)
             size += segment.path.stat().st_size
+            if published is not None:
+                key = (table, segment.node, segment.start)
+                published[key] = (segment.end, segment.rows, published_at)
         return len(files), sum(s.rows for s in files), size
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def republish_late(
+    store: Store,
+    location: loc.Location,
+    segment_seconds: float,
+    published: Published,
+    closed_before: float,
+    recheck_seconds: float,
+    scratch: Path | None = None,
+) -> tuple[int, int, int]:
+    """Publish again, under the same names, the recent segments whose interval got rows after
+    it was published: a sample taken before its interval closed but stored after (a tick
+    stalled on a busy machine), for ``recheck_seconds`` after they were published.
+    Returns (segments, rows, bytes) written again."""
+    totals = [0, 0, 0]
+    for key in [k for k, v in published.items() if v[2] < closed_before - recheck_seconds]:
+        del published[key]
+    for table in SAMPLE_TABLES:
+        slots = {k: v for k, v in published.items() if k[0] == table}
+        if not slots:
+            continue
+        counts = store.slot_counts(
+            table, min(k[2] for k in slots), max(v[0] for v in slots.values()), segment_seconds
+        )
+        for (_, node, start), (end, rows, _) in sorted(slots.items()):
+            aligned = math.floor(start / segment_seconds) * segment_seconds
+            if counts.get((node, aligned), 0) > rows:
+                done = _publish_chunk(
+                    store,
+                    location,
+                    table,
+                    start,
+                    end,
+                    segment_seconds,
+                    scratch,
+                    published,
+                    closed_before,
+                )
+                totals = [a + b for a, b in zip(totals, done, strict=True)]
+    return totals[0], totals[1], totals[2]
 
 
 def _skip_empty(start: float, oldest: float | None, end: float, segment_seconds: float) -> float:
@@ -270,6 +335,9 @@ class PublishJob:
     lateness_seconds: float = 120.0
     max_backoff_seconds: float = 3600.0
     base_backoff_seconds: float = 30.0
+    #: How long a published segment is watched for rows that arrive late (see
+    #: :func:`republish_late`); days are compacted only after it.
+    recheck_seconds: float = 600.0
     clock: Callable[[], float] = time.time
     _streak: int = 0
     _next_attempt: float = 0.0
@@ -282,6 +350,7 @@ class PublishJob:
     _last_duration: float | None = None
     _last_ok: bool | None = None
     _marks: dict[str, float] = field(default_factory=dict)
+    _published: Published = field(default_factory=dict)
 
     def run(self) -> None:
         now = self.clock()
@@ -300,6 +369,23 @@ class PublishJob:
                 closed,
                 self.segment_seconds,
                 scratch=self.store.path.parent,
+                settle_seconds=self.recheck_seconds,
+                published=self._published,
+            )
+            again = republish_late(
+                self.store,
+                self.location,
+                self.segment_seconds,
+                self._published,
+                closed,
+                self.recheck_seconds,
+                self.store.path.parent,
+            )
+            result = dataclasses.replace(
+                result,
+                segments=result.segments + again[0],
+                rows=result.rows + again[1],
+                bytes=result.bytes + again[2],
             )
         except (loc.LocationError, StoreError, OSError) as exc:
             self._fail(now, exc)

@@ -630,6 +630,19 @@ class Store:
             for s, n, rows in sorted(counts, key=lambda c: (c[1], c[0]))
         ]
 
+    def slot_counts(
+        self, table: str, start: float, until: float, grid_seconds: float
+    ) -> dict[tuple[str, float], int]:
+        """Rows of ``table`` in ``[start, until)`` per (node, grid slot start)."""
+        column = PUBLISH_TIME_COLUMNS[table]
+        with self._write_lock, self._writer() as con:
+            rows = con.execute(
+                f"SELECT node, floor({column} / $g) * $g, count(*) FROM {table} "
+                f"WHERE {column} >= $s AND {column} < $u GROUP BY ALL",
+                {"g": grid_seconds, "s": start, "u": until},
+            ).fetchall()
+        return {(str(n), float(slot)): int(c) for n, slot, c in rows}
+
     def set_published(self, location: str, table: str, until: float) -> None:
         """Move ``table``'s watermark for ``location`` to ``until`` (after its segments are up)."""
         with self._write_lock, self._writer() as con:

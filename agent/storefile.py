@@ -436,11 +436,15 @@ _KEYED = {r.TABLE: r for r in _schema.KEYED_RECORDS}
 _RAW = tuple(r.TABLE for r in SAMPLE_RECORDS)
 _ROLLUPS = tuple(f"{t}_1m" for t in ROLLUP_COLUMNS)
 _SCRATCH: dict[int, list[Path]] = {}
+#: Where segments are: whole days (and keyed tables) under ``table=…``, the short segments of
+#: days not yet compacted under ``recent/table=…`` (agent.publish).
+_PREFIXES = ("", "recent/")
 
 
 def is_segment_root(path: Path) -> bool:
-    """Whether a directory is a fleet location: it holds ``table=…`` folders of segments."""
-    return path.is_dir() and any(path.glob("table=*"))
+    """Whether a directory is a fleet location: it holds ``table=…`` folders of segments
+    (whole days), or ``recent/table=…`` ones (the short segments of days not yet over)."""
+    return path.is_dir() and (any(path.glob("table=*")) or any(path.glob("recent/table=*")))
 
 
 def attach_inputs(
@@ -548,7 +552,10 @@ def _select_segments(
     when ``since_seconds`` is None, else those from the window's first day on (the window
     ends at the newest sample, a store's or a segment's; a day of margin covers a segment
     that ends after its newest row)."""
-    days = {t: loc.list_dirs(location, f"table={t}") for t in (*_RAW, *_ROLLUPS, *_KEYED)}
+    days = {
+        t: sorted({d for p in _PREFIXES for d in loc.list_dirs(location, f"{p}table={t}")})
+        for t in (*_RAW, *_ROLLUPS, *_KEYED)
+    }
     newest = _newest_segment_end(location, days.get(GPU_SAMPLES, []))
     ends = [t for t in (newest, newest_store) if t is not None]
     first_day = ""
@@ -562,10 +569,11 @@ def _select_segments(
         chosen: list[tuple[str, str, float, float]] = []
         for day in (d for d in folders if d.startswith("day=") and d >= first_day):
             found = []
-            for entry in loc.list_files(location, f"table={table}/{day}"):
-                parsed = _parse_segment(entry.relpath)
-                if parsed is not None:
-                    found.append((entry.relpath, *parsed))
+            for prefix in _PREFIXES:
+                for entry in loc.list_files(location, f"{prefix}table={table}/{day}"):
+                    parsed = _parse_segment(entry.relpath)
+                    if parsed is not None:
+                        found.append((entry.relpath, *parsed))
             chosen += found if table in _KEYED else _whole_days_first(found)
         out[table] = chosen
     return out
@@ -575,7 +583,8 @@ def _whole_days_first(
     found: list[tuple[str, str, float, float]],
 ) -> list[tuple[str, str, float, float]]:
     """A node's day that has a whole-day segment (``agent.publish`` compacts each day once it
-    is published) is read from it alone: its shorter segments hold the same rows."""
+    is published) is read from it alone: its shorter segments (under ``recent/``) hold the same
+    rows."""
     whole = {node for _, node, start, end in found if end - start >= 86400.0}
     return [f for f in found if f[1] not in whole or f[3] - f[2] >= 86400.0]
 
@@ -583,7 +592,11 @@ def _whole_days_first(
 def _newest_segment_end(location: loc.Location, days: list[str]) -> float | None:
     if not days:
         return None
-    entries = loc.list_files(location, f"table={GPU_SAMPLES}/{max(days)}")
+    entries = [
+        e
+        for p in _PREFIXES
+        for e in loc.list_files(location, f"{p}table={GPU_SAMPLES}/{max(days)}")
+    ]
     ends = [p[2] for p in (_parse_segment(e.relpath) for e in entries) if p is not None]
     return max(ends) if ends else None
 

@@ -144,8 +144,12 @@ def _segments_dir(target: str, env: dict[str, str], scratch: Path) -> Path:
 def _current(files: list[Path]) -> list[str]:
     """The segments a reader uses: a node-day's whole-day segment, once there, replaces the
     shorter ones (same rows)."""
-    whole = {p.parent for p in files if _is_whole_day(p.name)}
-    return [str(p) for p in files if p.parent not in whole or _is_whole_day(p.name)]
+    whole = {_node_day(p) for p in files if _is_whole_day(p.name)}
+    return [str(p) for p in files if _node_day(p) not in whole or _is_whole_day(p.name)]
+
+
+def _node_day(path: Path) -> tuple[str, str]:
+    return path.parent.parent.name, path.parent.name
 
 
 def _is_whole_day(name: str) -> bool:
@@ -161,7 +165,9 @@ def _difference(store: Path, segments: Path, table: str) -> tuple[int, int, int]
     con = duckdb.connect()
     try:
         con.execute(f"ATTACH '{store}' AS s (READ_ONLY)")
-        files = _current(sorted(segments.glob(f"table={table}/*/*/*.parquet")))
+        found = [*segments.glob(f"table={table}/*/*/*.parquet")]
+        found += segments.glob(f"recent/table={table}/*/*/*.parquet")
+        files = _current(sorted(found))
         if not files:
             seg = f"SELECT * FROM s.{table} LIMIT 0"
         else:
@@ -216,8 +222,9 @@ def test_two_agents_one_killed_mid_publish_every_row_once(
                 p.wait()
     agent_requests = _requests(s3["log"], log_mark)
     # What each agent published on its own, before anything else touched the locations.
-    assert any(f"/{BUCKET}/aiscope/table=gpu_samples/" in r for r in agent_requests)
-    assert list((tmp_path / "fleet").glob("table=gpu_samples/day=*/node=gpu-node-01/*.parquet"))
+    assert any(f"/{BUCKET}/aiscope/recent/table=gpu_samples/" in r for r in agent_requests)
+    hourly = "recent/table=gpu_samples/day=*/node=gpu-node-01/*.parquet"
+    assert list((tmp_path / "fleet").glob(hourly))
     # The agent writes: one PUT per segment, never a read (write-only credentials suffice).
     methods = {r.split()[0] for r in agent_requests}
     assert methods <= {"PUT", "POST"}, methods
@@ -281,7 +288,7 @@ def test_interrupted_publish_is_redone_under_the_same_names(tmp_path: Path) -> N
     # Block node n2's folder of the first hour: n1's segment is uploaded, then the run fails
     # before the watermark moves (as a crash between the two would leave it).
     day = time.strftime("%Y-%m-%d", time.gmtime(start))
-    blocker = Path(target.root) / f"table=gpu_samples/day={day}/node=n2"
+    blocker = Path(target.root) / f"recent/table=gpu_samples/day={day}/node=n2"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("not a folder")
     with pytest.raises(loc.LocationError, match="cannot write"):
@@ -307,22 +314,33 @@ def test_segment_names_and_layout(tmp_path: Path) -> None:
     target = loc.parse(str(tmp_path / "fleet"))
     publish(store, target, start + 7200, segment_seconds=3600)
     files = sorted(str(p.relative_to(target.root)) for p in Path(target.root).rglob("*.parquet"))
+    node = "node%2Fa%20b"
     assert files == [
-        "table=gpu_samples/day=2026-05-28/node=node%2Fa%20b/"
-        "node%2Fa%20b_gpu_samples_20260528T200000Z_20260528T210000Z.parquet",
-        "table=gpu_samples/day=2026-05-28/node=node%2Fa%20b/"
-        "node%2Fa%20b_gpu_samples_20260528T210000Z_20260528T220000Z.parquet",
-        "table=host_samples/day=2026-05-28/node=node%2Fa%20b/"
-        "node%2Fa%20b_host_samples_20260528T200000Z_20260528T210000Z.parquet",
-        "table=host_samples/day=2026-05-28/node=node%2Fa%20b/"
-        "node%2Fa%20b_host_samples_20260528T210000Z_20260528T220000Z.parquet",
+        f"recent/table=gpu_samples/day=2026-05-28/node={node}/"
+        f"{node}_gpu_samples_20260528T200000Z_20260528T210000Z.parquet",
+        f"recent/table=gpu_samples/day=2026-05-28/node={node}/"
+        f"{node}_gpu_samples_20260528T210000Z_20260528T220000Z.parquet",
+        f"recent/table=host_samples/day=2026-05-28/node={node}/"
+        f"{node}_host_samples_20260528T200000Z_20260528T210000Z.parquet",
+        f"recent/table=host_samples/day=2026-05-28/node={node}/"
+        f"{node}_host_samples_20260528T210000Z_20260528T220000Z.parquet",
     ]
-    # Any engine reads the layout with Hive partitioning: DuckDB here, as Spark or Trino would.
+    publish(store, target, start + 86400)  # the day is over: one whole segment per table
+    whole = sorted(str(p.relative_to(target.root)) for p in Path(target.root).glob("table=*/*/*/*"))
+    assert whole == [
+        f"table=gpu_samples/day=2026-05-28/node={node}/"
+        f"{node}_gpu_samples_20260528T000000Z_20260529T000000Z.parquet",
+        f"table=host_samples/day=2026-05-28/node={node}/"
+        f"{node}_host_samples_20260528T000000Z_20260529T000000Z.parquet",
+    ]
+    # Any engine reads table=… with Hive partitioning, each row once: DuckDB here, as Spark or
+    # Trino would.
     rows = duckdb.sql(
-        f"SELECT \"table\", node, count(*) FROM read_parquet('{target.root}/*/*/*/*.parquet', "
-        "hive_partitioning=true, union_by_name=true) GROUP BY ALL ORDER BY 1"
+        f'SELECT "table", node, count(*), count(DISTINCT ts) FROM read_parquet('
+        f"'{target.root}/table=*/*/*/*.parquet', hive_partitioning=true, union_by_name=true) "
+        "GROUP BY ALL ORDER BY 1"
     ).fetchall()
-    assert rows == [("gpu_samples", "node/a b", 60), ("host_samples", "node/a b", 60)]
+    assert rows == [("gpu_samples", "node/a b", 60, 60), ("host_samples", "node/a b", 60, 60)]
     store.close()
 
 
@@ -546,4 +564,25 @@ def test_whole_days_are_compacted_and_read_alone(tmp_path: Path) -> None:
         hourly.write_bytes(b"superseded")
     assert analyze([target.root], since="7d") == doc
     assert publish(store, target, start + 40 * 3600).rows == 0
+    store.close()
+
+
+def test_a_late_row_republishes_its_segment_under_the_same_name(tmp_path: Path) -> None:
+    """A sample taken before its interval closed but stored after (a tick that stalled on a
+    busy machine) is not lost: the agent publishes that segment again, replacing it."""
+    start = 1_780_000_000.0
+    store = _store_with_rows(tmp_path / "s.duckdb", ["n1"], start, hours=1)
+    target = loc.parse(str(tmp_path / "fleet"))
+    now = [start + 2 * 3600]
+    job = PublishJob(store, target, 3600, lateness_seconds=10, clock=lambda: now[0])
+    job.run()
+    before = sorted(p.name for p in Path(target.root).rglob("*.parquet"))
+    late = start + 3800.0  # 21:30, in the last published hour
+    store.add([GpuSample(ts=late, node="n1", uuid="GPU-n1", gpu_index=0, up=True)])
+    store.flush()
+    now[0] += 300
+    job.run()
+    assert sorted(p.name for p in Path(target.root).rglob("*.parquet")) == before
+    assert _difference(store.path, Path(target.root), "gpu_samples") == (61, 0, 0)
+    assert job.stats().rows_total == 120 + 26 + 1  # 21:00-22:00's gpu segment again
     store.close()
