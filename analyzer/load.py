@@ -266,6 +266,11 @@ def load(
         con.close()
 
 
+#: The newest ``ts`` dated before ``$l`` (this machine's clock and a day), else the newest: as
+#: :func:`_window_end` decides, for the readers that only need the newest sample.
+BELIEVABLE_NEWEST = "coalesce(max(ts) FILTER (WHERE ts <= $l), max(ts))"
+
+
 def _window_end(
     con: duckdb.DuckDBPyConnection, paths: Sequence[sf.Input]
 ) -> tuple[float, float, int]:
@@ -612,7 +617,10 @@ def holdings(paths: Sequence[sf.Input], timeout: float = 10.0) -> Holdings:
             f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid"
             ") GROUP BY tenant, node, uuid ORDER BY tenant, node, uuid"
         ).fetchall()
-        newest = con.execute(f"SELECT max(ts) FROM ({_union(aliases, sf.GPU_SAMPLES)})").fetchone()
+        newest = con.execute(
+            f"SELECT {BELIEVABLE_NEWEST} FROM ({_union(aliases, sf.GPU_SAMPLES)})",
+            {"l": sf.latest_plausible_ts()},
+        ).fetchone()
         scans = con.execute(
             f"SELECT node, max(ts) FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) GROUP BY node"
         ).fetchall()
@@ -761,7 +769,8 @@ def _history_minutes(
     con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
     con.execute(f"CREATE TEMP VIEW r AS {_union(aliases, rollup)}")
     newest = con.execute(
-        "SELECT greatest((SELECT max(ts) FROM g), (SELECT max(minute_ts) FROM r))"
+        f"SELECT greatest((SELECT {BELIEVABLE_NEWEST} FROM g), (SELECT max(minute_ts) FROM r))",
+        {"l": sf.latest_plausible_ts()},
     ).fetchone()
     start = -1.0
     if since_seconds is not None and newest is not None and newest[0] is not None:
