@@ -168,7 +168,7 @@ def put(location: Location, relpath: str, source: Path) -> None:
             _put_local(Path(location.root) / relpath, source)
         else:
             _put_object(location, relpath, source)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # pyarrow: ArrowIOError, ArrowInvalid
         raise LocationError(f"{location}: cannot write {relpath} ({_one_line(exc)})") from None
 
 
@@ -217,7 +217,7 @@ def list_dirs(location: Location, relpath: str) -> list[str]:
             for info in _infos(location, relpath, recursive=False)
             if info.type.name == "Directory"
         )
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # pyarrow: ArrowIOError, ArrowInvalid
         raise LocationError(f"{location}: cannot list {relpath} ({_one_line(exc)})") from None
 
 
@@ -241,7 +241,7 @@ def list_files(location: Location, relpath: str) -> list[Entry]:
             for info in _infos(location, relpath, recursive=True)
             if info.type.name == "File" and not info.base_name.startswith(".")
         )
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # pyarrow: ArrowIOError, ArrowInvalid
         raise LocationError(f"{location}: cannot list {relpath} ({_one_line(exc)})") from None
 
 
@@ -270,7 +270,7 @@ def fetch(location: Location, relpaths: list[str], folder: Path, threads: int = 
     try:
         with ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(one, relpaths))
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # pyarrow: ArrowIOError, ArrowInvalid
         raise LocationError(f"{location}: cannot read segments ({_one_line(exc)})") from None
 
 

@@ -482,6 +482,11 @@ def attach_inputs(
     for alias, source in zip(aliases, inputs, strict=True):
         if isinstance(source, loc.Location):
             files = _select_segments(source, since_seconds, newest)
+            if not any(files.values()) and not _has_segments(source):
+                raise NotAStore(
+                    f"{source}: no published segments here (table=… folders); check the "
+                    "location, or publish to it first (aiscope publish, agent run --publish)"
+                )
             for name, entries in files.items():
                 for node, end in {(e[1], e[3]) for e in entries}:
                     published[(name, node)] = max(published.get((name, node), end), end)
@@ -577,6 +582,13 @@ def _select_segments(
             chosen += found if table in _KEYED else _whole_days_first(found)
         out[table] = chosen
     return out
+
+
+def _has_segments(location: loc.Location) -> bool:
+    top = loc.list_dirs(location, "")
+    return any(d.startswith("table=") for d in top) or bool(
+        "recent" in top and loc.list_dirs(location, "recent")
+    )
 
 
 def _whole_days_first(

@@ -586,3 +586,10 @@ def test_a_late_row_republishes_its_segment_under_the_same_name(tmp_path: Path) 
     assert _difference(store.path, Path(target.root), "gpu_samples") == (61, 0, 0)
     assert job.stats().rows_total == 120 + 26 + 1  # 21:00-22:00's gpu segment again
     store.close()
+
+
+def test_an_empty_object_store_prefix_is_bad_input(s3: dict[str, Any]) -> None:
+    out = run_aiscope("analyze", "--store", f"s3://{BUCKET}/no-such-prefix", env=s3["env"])
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("aiscope: s3://fleet/no-such-prefix: no published segments")
+    assert len(out.stderr.strip().splitlines()) == 1
