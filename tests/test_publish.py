@@ -31,7 +31,7 @@ from agent.publish import PublishJob, publish, relpath
 from agent.schema import GpuSample, HostSample
 from agent.store import PUBLISH_TIME_COLUMNS, Store
 from analyzer.analysis import analyze
-from tests.conftest import REPO, run_aiscope
+from tests.conftest import REPO, require_tool, run_aiscope
 
 BUCKET = "fleet"
 SAMPLE_TABLES = ("gpu_samples", "process_samples", "host_samples", "net_samples")
@@ -428,6 +428,11 @@ def test_agent_publish_job_backs_off_and_reports(
     assert f'aiscope_publish_rows_total{{location="{blocked}",node="n1"}} 120.0' in text
     assert 'aiscope_publish_up{location="' in text and "} 1.0" in text
     assert "aiscope_publish_failures_total" in text and "aiscope_publish_lag_seconds" in text
+    promtool = require_tool("promtool")
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
     store.close()
 
 
