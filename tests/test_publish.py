@@ -598,3 +598,31 @@ def test_an_empty_object_store_prefix_is_bad_input(s3: dict[str, Any]) -> None:
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("aiscope: s3://fleet/no-such-prefix: no published segments")
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_segments_of_an_older_schema_read_with_the_new_ones(tmp_path: Path) -> None:
+    """A segment written before a column existed reads that column as NULL beside newer ones."""
+    start = 1_780_000_000.0
+    store = _store_with_rows(tmp_path / "s.duckdb", ["n1", "n2"], start, hours=2)
+    target = loc.parse(str(tmp_path / "fleet"))
+    publish(store, target, start + 3 * 3600)
+    store.close()
+    before = analyze([target.root], since="7d")
+    # Rewrite n2's segments as an older agent would have: without power and utilization.
+    for segment in Path(target.root).rglob("n2_gpu_samples_*.parquet"):
+        duckdb.sql(
+            f"COPY (SELECT * EXCLUDE (power_watts, utilization_gpu_ratio) FROM "
+            f"read_parquet('{segment}')) TO '{segment}.tmp' (FORMAT parquet)"
+        )
+        os.replace(f"{segment}.tmp", segment)
+    after = analyze([target.root], since="7d")
+    assert len(after["gpus"]) == len(before["gpus"]) == 2
+    assert after["summary"]["coverage"]["samples"] == before["summary"]["coverage"]["samples"]
+    assert after["summary"]["coverage"]["missing_fields"]["power"] == 0.5
+
+
+def test_azure_needs_its_account_named() -> None:
+    if os.environ.get("AZURE_STORAGE_ACCOUNT_NAME") or os.environ.get("AZURE_STORAGE_ACCOUNT"):
+        pytest.skip("an Azure account is configured here")
+    with pytest.raises(loc.BadLocation, match="AZURE_STORAGE_ACCOUNT_NAME"):
+        loc.list_dirs(loc.parse("az://container/prefix"), "")
