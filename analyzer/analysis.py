@@ -21,15 +21,15 @@ from analyzer.summary import sparkline, summarize, top_actions
 from analyzer.thresholds import Thresholds
 
 SCHEMA = "aiscope.analysis/1"
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def parse_duration(text: str) -> float:
-    """``90s``, ``15m``, ``24h``, ``7d`` -> seconds. Raises :class:`InputError`."""
+def parse_duration(text: str, flag: str = "--since") -> float:
+    """``90s``, ``15m``, ``24h``, ``7d``, ``12w`` -> seconds. Raises :class:`InputError`."""
     match = _DURATION.match(text.strip())
     if not match or float(match.group(1)) <= 0:
-        raise InputError(f"--since: expected a duration like 90s, 15m, 24h or 7d, got {text!r}")
+        raise InputError(f"{flag}: expected a duration like 90s, 15m, 24h, 7d or 12w, got {text!r}")
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer import forecast as fc
-from analyzer.analysis import iso
+from analyzer.analysis import iso, parse_duration
 from analyzer.classify import classify
 from analyzer.load import History, InputError, history, inputs, load
 from analyzer.queue import Pending, read_pending
@@ -57,7 +57,6 @@ QUEUED_POOLS = ("training", "interactive")
 LEVEL = 0.8
 #: The quantile of a week's hourly demand that sizes a pool.
 WEEK_QUANTILE = 0.99
-_DURATION_UNITS = {"h": HOUR, "d": DAY, "w": WEEK}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,16 +83,9 @@ class PoolSeries:
 
 
 def parse_horizon(text: str, flag: str = "--horizon") -> float:
-    """``12w``, ``90d``, ``2160h`` -> seconds. Raises :class:`InputError`."""
-    raw = text.strip()
-    unit = raw[-1:]
-    try:
-        value = float(raw[:-1])
-    except ValueError:
-        value = -1.0
-    if unit not in _DURATION_UNITS or not value > 0 or not math.isfinite(value):
-        raise InputError(f"{flag}: expected a duration like 12w, 90d or 2160h, got {text!r}")
-    return value * _DURATION_UNITS[unit]
+    """A DURATION (``90s``, ``15m``, ``24h``, ``7d``, ``12w``) -> seconds, the error naming
+    ``flag``. Raises :class:`InputError`."""
+    return parse_duration(text, flag)
 
 
 def site_from_file(path: Path | None) -> Site:
