@@ -577,15 +577,19 @@ def simulate(
 
 class ScratchDir:
     """A scratch folder for a virtual host's ``/proc``, ``/sys`` and cgroup trees, named after
-    this process (``<prefix><pid>-<random>``) so that one left behind by a process that died
-    without cleaning up (``kill -9``) is recognised and removed by the next simulation.
+    this process (``<prefix><pid>-<pid namespace>-<random>``) so that one left behind by a
+    process that died without cleaning up (``kill -9``) is recognised and removed by the next
+    simulation; the namespace keeps a container sharing ``/tmp`` from taking another's live
+    folder for a dead one.
 
     Use as a context manager, or call :meth:`cleanup` (also run at interpreter exit)."""
 
     def __init__(self, prefix: str, parent: str | None = None) -> None:
         self.parent = Path(parent or tempfile.gettempdir())
         remove_stale(self.parent, prefix)
-        self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=self.parent))
+        self.path = Path(
+            tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{_pid_namespace()}-", dir=self.parent)
+        )
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
 
     def cleanup(self) -> None:
@@ -599,16 +603,27 @@ class ScratchDir:
 
 
 def remove_stale(parent: Path, prefix: str) -> list[Path]:
-    """Remove this user's ``<prefix><pid>-*`` folders under ``parent`` whose process is gone."""
-    pattern = re.compile(re.escape(prefix) + r"(\d+)-")
+    """Remove this user's ``<prefix><pid>-<namespace>-*`` folders under ``parent`` whose
+    process, in this pid namespace, is gone."""
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-(\d+)-")
     removed = []
     for path in parent.glob(f"{prefix}*"):
         match = pattern.match(path.name)
-        if match is None or _alive(int(match.group(1))) or not _owned(path):
+        if match is None or int(match.group(2)) != _pid_namespace():
+            continue
+        if _alive(int(match.group(1))) or not _owned(path):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (the inode of ``/proc/self/ns/pid``), 0 when unknown."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def _alive(pid: int) -> bool:
