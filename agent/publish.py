@@ -3,13 +3,15 @@
 The layout is part of the contract (README, "The segment layout")::
 
     LOCATION/table=<table>/day=<YYYY-MM-DD>/node=<node>/<node>_<table>_<start>_<end>.parquet
+    LOCATION/recent/table=<table>/day=…/node=…/…   (the short segments of days not yet whole)
 
 One segment holds the rows of one table from one node whose time (``ts``, a rollup's
 ``minute_ts``, a device's, process's or pod's ``last_seen_ts``) lies in ``[start, end)``, UTC
 stamps like ``20261130T140000Z``. Sample tables and rollups are cut into slots of
-``segment_seconds`` (an hour by default) that never cross a day; keyed tables (devices,
-processes, pods) publish every row seen since the last publish, their latest version, so a
-reader keeps the newest per key.
+``segment_seconds`` (an hour by default) that never cross a day, under ``recent/``; once a day
+is over it is published again whole under ``table=…`` (:func:`_compact`), which readers then use
+alone. Keyed tables (devices, processes, pods) publish every row seen since the last publish,
+their latest version, so a reader keeps the newest per key.
 
 Exactly once: the store keeps a watermark per (location, table) (``publish_watermarks``); a run
 exports ``[watermark, closed)``, uploads every segment, and only then moves the watermark. A run
@@ -20,7 +22,9 @@ past the watermark, whatever the retention says.
 
 "Closed" means no more rows can arrive for it: older than ``lateness_seconds`` (the agent flushes
 every 10 s, and buffers longer only while a reader holds the store) and, in the agent, older than
-the oldest row still in its buffer; rollups also wait for their minute to be rolled up.
+the oldest row still in its buffer; rollups also wait for their minute to be rolled up. A row
+that comes later still (a stalled tick) makes the agent publish its segment again under the same
+name (:func:`republish_late`).
 """
 
 from __future__ import annotations
