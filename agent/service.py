@@ -13,6 +13,8 @@ job                default interval             what it does
 ``prune``          1 h                          retention
 ``analysis``       10 min                       the trailing analysis for Prometheus (added
                                                 by the composition root, see ``extra_jobs``)
+``publish``        5 min                        closed intervals to the fleet location, with
+                                                ``--publish`` (agent.publish; an extra job)
 =================  ===========================  ==========================================
 
 SIGTERM and SIGINT stop the scheduler, wait for running jobs, and flush the buffer one last time.
