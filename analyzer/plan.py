@@ -55,6 +55,8 @@ CLASSES = ("training", "inference", "batch", "interactive", "idle")
 QUEUED_POOLS = ("training", "interactive")
 #: The interval reported with every forecast (and scored by every backtest).
 LEVEL = 0.8
+#: The longest horizon forecast.
+MAX_HORIZON_WEEKS = 104
 #: The quantile of a week's hourly demand that sizes a pool.
 WEEK_QUANTILE = 0.99
 
@@ -84,8 +86,14 @@ class PoolSeries:
 
 def parse_horizon(text: str, flag: str = "--horizon") -> float:
     """A DURATION (``90s``, ``15m``, ``24h``, ``7d``, ``12w``) -> seconds, the error naming
-    ``flag``. Raises :class:`InputError`."""
-    return parse_duration(text, flag)
+    ``flag``; a horizon is at most :data:`MAX_HORIZON_WEEKS`. Raises :class:`InputError`."""
+    seconds = parse_duration(text, flag)
+    if flag == "--horizon" and seconds > MAX_HORIZON_WEEKS * WEEK:
+        raise InputError(
+            f"--horizon: at most {MAX_HORIZON_WEEKS}w (a trend extrapolated further is a "
+            f"guess, not a plan), got {text!r}"
+        )
+    return seconds
 
 
 def site_from_file(path: Path | None) -> Site:

@@ -197,6 +197,7 @@ def test_since_shortens_the_history(growing_store: Path) -> None:
     [
         (("--horizon", "12x"), "--horizon"),
         (("--horizon", "0w"), "--horizon"),
+        (("--horizon", "200w"), "104w"),
         (("--since", "soon"), "--since"),
         (("--format", "yaml"), "--format"),
     ],
