@@ -223,7 +223,7 @@ class _Trend:
     def value(self, t: float, slope: float | None = None) -> float:
         b = self.slope_per_day if slope is None else slope
         x = self.intercept + b * (t / self.steps_per_day)
-        return math.exp(x) if self.log else x
+        return math.exp(min(x, 700.0)) if self.log else x  # exp(710) overflows a float
 
 
 def _trend(y: list[float], steps_per_day: int, weekly: bool) -> _Trend:
