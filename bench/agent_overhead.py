@@ -65,7 +65,7 @@ PARTS = [
         "s.flush()",
     ),
     (
-        "(left behind) the CLI: typer, click, rich, pydantic",
+        "(not kept) the CLI: typer, rich, pydantic",
         "import aiscope.cli, typer._adapters",
     ),
 ]
