@@ -40,7 +40,7 @@ def _backtest(p: dict[str, Any]) -> str:
         return "-"
     mase = "-" if bt["mase"] is None else f"{bt['mase']:.2f}"
     cover = "-" if bt["coverage"] is None else f"{bt['coverage']:.0%}"
-    return f"MASE {mase}, {bt['level']:.0%} interval held {cover}"
+    return f"MASE {mase}, {cover} in the {bt['level']:.0%} band"
 
 
 def pool_rows(plan: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

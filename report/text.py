@@ -45,7 +45,7 @@ def _outlook(console: Console, doc: dict[str, Any]) -> None:
         return
     console.rule("[bold]Capacity outlook[/bold]")
     for line in text_lines(doc["plan"]):
-        console.print(line, markup=False)
+        console.print(line, markup=False, soft_wrap=True)  # tables: never wrapped mid-row
     console.print()
 
 
