@@ -790,3 +790,37 @@ def test_the_demo_says_when_it_used_stand_in_traces(
         _echo_traces()
         line = capsys.readouterr().out
         assert "stand-ins" not in line and "conv.csv" in line
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    tears=st.lists(
+        st.tuples(st.integers(0, 11), st.integers(0, 90), st.sampled_from(["", '"', "{", "}"])),
+        max_size=4,
+    )
+)
+def test_random_torn_scrape_lines_never_swallow_a_good_line(
+    tears: list[tuple[int, int, str]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """dcgm-exporter lines cut at random places, some with a stray quote or brace: every
+    untouched line's sample is stored, and the import never fails."""
+    from agent.import_dcgm import import_dcgm
+
+    labels = '{gpu="0",UUID="GPU-9",Hostname="n9",modelName="NVIDIA H100 80GB HBM3"}'
+    lines = [f"DCGM_FI_DEV_GPU_UTIL{labels} {k * 5} {int((T0 + 30 * k) * 1000)}" for k in range(12)]
+    torn = {index: lines[index][:cut] + extra for index, cut, extra in tears}
+    path = tmp_path_factory.mktemp("torn") / "node.prom"
+    path.write_text("\n".join(torn.get(k, line) for k, line in enumerate(lines)) + "\n")
+    store = Store(path.with_suffix(".duckdb"))
+    try:
+        import_dcgm([path], store, None, 30.0)  # at least 8 good lines: never refused whole
+    finally:
+        store.close()
+    stamps = {
+        round((float(r[0]) - T0) / 30) for r in _rows(store.path, "SELECT ts FROM gpu_samples")
+    }
+    assert {k for k in range(12) if k not in torn} <= stamps
