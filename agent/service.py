@@ -35,7 +35,7 @@ from agent.errors import Failure
 from agent.exporter import MetricsServer
 from agent.sampler import Sampler
 from agent.schedule import Job, Scheduler
-from agent.store import Store, StoreError
+from agent.store import Store, StoreError, StoreLocked
 
 log = logging.getLogger(__name__)
 
@@ -130,16 +130,33 @@ class RowsLost(Failure):
     """The agent stopped with rows it could not write (exit 1: a supervisor should know)."""
 
 
-def _final_flush(store: Store) -> RowsLost | None:
-    """Flush the buffer one last time; the error to stop with when rows were lost."""
-    try:
-        written = store.flush()
-        log.info("final flush: %d rows", written)
-        return None
-    except StoreError as exc:
+#: How long the last flush waits for a reader (``aiscope analyze``) to release the store.
+FINAL_FLUSH_WAIT_SECONDS = 10.0
+
+
+def _final_flush(
+    store: Store,
+    wait_seconds: float = FINAL_FLUSH_WAIT_SECONDS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RowsLost | None:
+    """Flush the buffer one last time (waiting for a reader that holds the store, as readers
+    wait for the agent); the error to stop with when rows were lost."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            written = store.flush()
+            log.info("final flush: %d rows", written)
+            return None
+        except StoreLocked:
+            if time.monotonic() < deadline:
+                sleep(0.2)
+                continue
+            error: StoreError = StoreLocked(f"{store.path}: still held by a reader at exit")
+        except StoreError as exc:
+            error = exc
         stats = store.stats()
-        log.error("final flush failed, %d rows lost: %s", stats.buffered_rows, exc)
-        return RowsLost(f"{exc}; {stats.buffered_rows} buffered rows lost at exit")
+        log.error("final flush failed, %d rows lost: %s", stats.buffered_rows, error)
+        return RowsLost(f"{error}; {stats.buffered_rows} buffered rows lost at exit")
 
 
 def _install_signal_handlers(stop: threading.Event) -> None:

@@ -824,3 +824,42 @@ def test_random_torn_scrape_lines_never_swallow_a_good_line(
         round((float(r[0]) - T0) / 30) for r in _rows(store.path, "SELECT ts FROM gpu_samples")
     }
     assert {k for k in range(12) if k not in torn} <= stamps
+
+
+def test_the_last_flush_waits_for_a_reader_holding_the_store(tmp_path: Path) -> None:
+    """A reader (analyze, store info) that holds the store when the agent stops delays the
+    last flush; it does not lose the rows (readers wait for the agent the same way)."""
+    import subprocess
+    import sys
+
+    from agent import service
+
+    store = Store(tmp_path / "agent.duckdb")
+    store.check_writable()
+    store.add([GpuSample(T0, "n1", "GPU-1", 0, True, 0.5)])
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], read_only=True); "
+            "print('held', flush=True); time.sleep(1.5)",
+            str(store.path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        assert service._final_flush(store, wait_seconds=10.0) is None
+        assert time.monotonic() - started > 0.5  # it did wait for the reader
+    finally:
+        holder.wait(timeout=10)
+        store.close()
+    assert _rows(store.path, "SELECT count(*) FROM gpu_samples") == [(1,)]
+    lost = Store(tmp_path / "second.duckdb")
+    lost.check_writable()
+    lost.add([GpuSample(T0, "n1", "GPU-1", 0, True, 0.5)])
+    lost.path.write_text("replaced\n")
+    error = service._final_flush(lost, wait_seconds=0.0)
+    assert error is not None and error.exit_code == 1 and "1 buffered rows lost" in str(error)
