@@ -200,7 +200,7 @@ def store_info(
 
     Works while the agent is running and writing. Reads every table first (an integrity check:
     a corrupt block or a missing table is exit 2). A directory means every store (*.duckdb)
-    under it.
+    under it (--format json then prints a list when there are several).
 
     \b
     Examples:
