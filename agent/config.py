@@ -115,11 +115,11 @@ def parse_listen(value: str) -> tuple[str, int]:
     text = str(value).strip()
     host, sep, port = text.rpartition(":")
     if not sep or not host:
-        raise ValueError(f"expected HOST:PORT such as {DEFAULT_LISTEN}, got {text!r}")
+        raise ValueError(f"expected HOST:PORT such as {DEFAULT_LISTEN}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"port must be 0-65535, got {port!r}")
+        raise ValueError(f"port must be 0-65535, not {port!r}")
     return host, int(port)
 
 

@@ -422,6 +422,12 @@ BAD_FLAGS: dict[str, tuple[list[str], str]] = {
         "--fields",
     ),
     "since garbage": (["analyze", "--since", "soon"], "soon"),
+    "agent interval negative": (["agent", "run", "--interval", "-1"], "--interval"),
+    "agent interval nan": (["agent", "run", "--interval", "nan"], "--interval"),
+    "agent flush interval inf": (["agent", "run", "--flush-interval", "inf"], "--flush-interval"),
+    "agent duration zero": (["agent", "run", "--duration", "0"], "--duration"),
+    "agent listen without port": (["agent", "run", "--listen", "nohost"], "--listen"),
+    "agent virtual GPUs zero": (["agent", "run", "--virtual-gpus", "0"], "--virtual-gpus"),
     "demo out is a file": (["demo", "--out", "{csv}"], "--out"),
 }
 
@@ -438,7 +444,7 @@ def test_bad_flags_are_one_line(
     noheader.write_text(_line(1) + "\n")
     argv, name = BAD_FLAGS[case]
     argv = [a.format(csv=csv_file, noheader=noheader) for a in argv]
-    if argv[0] in ("analyze", "report", "store", "import"):
+    if argv[0] in ("analyze", "report", "store", "import", "agent"):
         argv += ["--store", str(store)]
     rc, _, err = run(capsys, *argv)
     assert_refused(rc, err, name)
