@@ -531,7 +531,8 @@ def _classes_json(
     end: float,
 ) -> list[dict[str, Any]]:
     """Per class: GPUs, mean busy and held GPUs over the newest week, their growth per week
-    over the whole history, and useful work per kW (busy GPUs per kW drawn)."""
+    over the whole history, useful work per kW (busy GPUs per kW drawn), and the daily history
+    of GPUs busy and held."""
     power = _power_by_class(hist, classes, end)
     out = []
     week = int(WEEK / HOUR)
@@ -552,6 +553,8 @@ def _classes_json(
                 "growth_per_week": _r(fc.growth_per_week(busy[c], HOUR), 4),
                 "power_kw": _r(kw, 2),
                 "busy_gpus_per_kw": _r(mean_busy / kw) if mean_busy is not None and kw else None,
+                # The whole history, per day: GPUs busy (sum of busy shares) and GPUs held.
+                "history_daily": {"busy": _daily(busy[c], end), "held": _daily(held[c], end)},
             }
         )
     return out

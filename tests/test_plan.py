@@ -142,6 +142,12 @@ def test_purchase_in_whole_nodes_with_measured_power(plan_doc: dict[str, Any]) -
     assert buy["kw"] == pytest.approx(buy["nodes"] * node["kw"], abs=0.05)
     per_kw = {c["class"]: c["busy_gpus_per_kw"] for c in plan_doc["classes"]}
     assert per_kw["inference"] > 0 and per_kw["training"] > 0
+    inference = next(c for c in plan_doc["classes"] if c["class"] == "inference")
+    assert len(inference["history_daily"]["held"]) == DAYS
+    held = [d["mean"] for d in inference["history_daily"]["held"]]
+    assert held == pytest.approx([3.0] * DAYS, abs=0.05)  # less the first minutes' loading
+    busy = [d["mean"] for d in inference["history_daily"]["busy"]]
+    assert sum(busy[-7:]) > 1.2 * sum(busy[:7])  # the growth, in GPUs busy
 
 
 def test_json_shape_is_the_contract(plan_doc: dict[str, Any]) -> None:
