@@ -209,8 +209,16 @@ def test_two_agents_one_killed_mid_publish_every_row_once(
     a = _agent("gpu-node-01", a_store, directory, env)
     b = _agent("gpu-node-02", b_store, bucket, env)
     try:
-        time.sleep(9)  # both publish every second, 2-second segments
-        assert a.poll() is None and b.poll() is None, (a.stderr, b.stderr)
+        # Both publish every second in 2-second segments; wait until each has published a few
+        # (a loaded machine starts them slowly), then kill b wherever it is.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+            len(list((tmp_path / "fleet").rglob("*gpu_samples*.parquet"))) >= 3
+            and sum("gpu_samples" in r for r in _requests(s3["log"], log_mark)) >= 3
+        ):
+            assert a.poll() is None and b.poll() is None, (a.stderr, b.stderr)
+            time.sleep(0.5)
+        time.sleep(1.3)
         b.send_signal(signal.SIGKILL)  # mid-run: maybe mid-upload, maybe between two steps
         a.send_signal(signal.SIGTERM)
         assert a.wait(30) == 0
