@@ -82,6 +82,9 @@ REQUIRED_TABLES = (
 FUTURE_TOLERANCE_SECONDS = 86400.0
 #: Samples dated before this (2000-01-01 UTC) come from a clock that was never set.
 EARLIEST_TS = 946684800.0
+#: Samples dated after this (2100-01-01 UTC) are never believed, whatever this machine's clock
+#: says (a year 9999 cannot even be written as an ISO date with four digits to spare).
+LATEST_TS = 4102444800.0
 
 
 def latest_plausible_ts(now: float | None = None) -> float:
@@ -777,3 +780,21 @@ def read_records(path: Path, record: type[Any], timeout_seconds: float = 10.0) -
     finally:
         con.close()
     return [record(*row) for row in rows]
+
+
+def publish_watermarks(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, float]]:
+    """(location, table, published until) of a store opened read-only; none for a store that
+    never published (or was written before publishing existed)."""
+    tables = {
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+        ).fetchall()
+    }
+    if _schema.PublishWatermark.TABLE not in tables:
+        return []
+    rows = con.execute(
+        f"SELECT location, table_name, published_until FROM {_schema.PublishWatermark.TABLE} "
+        "ORDER BY 1, 2"
+    ).fetchall()
+    return [(str(a), str(b), float(c)) for a, b, c in rows]

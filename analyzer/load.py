@@ -246,13 +246,19 @@ def load(
     since_seconds: float,
     timeout: float = 10.0,
     bucket_seconds: int | None = None,
+    until: float | None = None,
 ) -> FleetData:
-    """Aggregate the window ``(newest sample - since, newest sample]`` of every store."""
+    """Aggregate the window ``(newest sample - since, newest sample]`` of every store, or, with
+    ``until`` (epoch seconds), the window of that length ending there (the plan classifies
+    past weeks this way)."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
-        aliases = sf.attach_inputs(con, list(paths), timeout, since_seconds)
+        # A past window may lie in any day: every day of the segments is listed then.
+        days = since_seconds if until is None else None
+        aliases = sf.attach_inputs(con, list(paths), timeout, days)
         con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
         first, end, ignored = _window_end(con, paths)
+        end = end if until is None else min(end, until)
         # An old or short capture still analyzes: the window ends at its newest sample and
         # starts no earlier than its first.
         start = max(end - since_seconds, first - 1.0)
@@ -268,7 +274,9 @@ def load(
 
 #: The newest ``ts`` dated before ``$l`` (this machine's clock and a day), else the newest: as
 #: :func:`_window_end` decides, for the readers that only need the newest sample.
-BELIEVABLE_NEWEST = "coalesce(max(ts) FILTER (WHERE ts <= $l), max(ts))"
+BELIEVABLE_NEWEST = (
+    f"coalesce(max(ts) FILTER (WHERE ts <= $l), max(ts) FILTER (WHERE ts <= {sf.LATEST_TS!r}))"
+)
 
 
 def _window_end(
@@ -279,20 +287,25 @@ def _window_end(
     Samples dated more than a day after this machine's clock come from a wrong clock: one such
     row would end the window on itself and hide everything real, so they are left out (and
     counted). When every sample is that far ahead, it is this machine's clock that is behind
-    (or the store is a simulation of days to come): the window then ends at the newest."""
+    (or the store is a simulation of days to come): the window then ends at the newest. Samples
+    after 2100 (:data:`agent.storefile.LATEST_TS`) are never believed."""
     row = con.execute(
-        "SELECT min(ts), max(ts), max(ts) FILTER (WHERE ts <= $l), "
-        "count(*) FILTER (WHERE ts > $l) FROM g",
-        {"l": sf.latest_plausible_ts()},
+        "SELECT count(*), min(ts) FILTER (WHERE ts <= $h), max(ts) FILTER (WHERE ts <= $h), "
+        "max(ts) FILTER (WHERE ts <= $l), count(*) FILTER (WHERE ts > $l), "
+        "count(*) FILTER (WHERE ts > $h) FROM g",
+        {"l": sf.latest_plausible_ts(), "h": sf.LATEST_TS},
     ).fetchone()
-    if row is None or row[1] is None:
+    if row is None or not row[0]:
         raise EmptyStore(f"{paths[0]}: the store has no GPU samples yet")
-    if row[2] is None:
+    _, first, newest, believable, ahead, absurd = row
+    if newest is None:
+        raise EmptyStore(f"{paths[0]}: every GPU sample is dated after 2100 (a wrong clock)")
+    if believable is None:
         log.warning("every GPU sample is dated after this machine's clock; is the clock right?")
-        return float(row[0]), float(row[1]), 0
-    if row[3]:
-        log.warning("ignored %d GPU samples dated in the future (a wrong clock)", row[3])
-    return float(row[0]), float(row[2]), int(row[3])
+        believable, ahead = newest, absurd
+    if ahead:
+        log.warning("ignored %d GPU samples dated in the future (a wrong clock)", ahead)
+    return float(first), float(believable), int(ahead)
 
 
 def _materialize(

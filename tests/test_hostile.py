@@ -869,3 +869,19 @@ def test_the_last_flush_waits_for_a_reader_holding_the_store(tmp_path: Path) -> 
     lost.path.write_text("replaced\n")
     error = service._final_flush(lost, wait_seconds=0.0)
     assert error is not None and error.exit_code == 1 and "1 buffered rows lost" in str(error)
+
+
+def test_a_store_dated_only_in_the_year_9999_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store(tmp_path / "9999.duckdb")
+    store.add(
+        GpuSample(253402000000.0 + 60 * m, "n1", "GPU-1", 0, True, 0.5, None, 1 << 30)
+        for m in range(30)
+    )
+    store.flush()
+    store.close()
+    for argv in (["analyze"], ["report"], ["plan"]):
+        rc, _, err = run(capsys, *argv, "--store", str(store.path))
+        assert_refused(rc, err, "9999.duckdb")
+        assert "after 2100" in err
