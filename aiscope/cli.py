@@ -232,6 +232,9 @@ def _print_store_info(info: dict[str, Any]) -> None:
         typer.echo(
             f"{t['table']:<20} {t['rows']:>12}  {t['first'] or '-':<20}  {t['last'] or '-':<20}"
         )
+    for mark in info.get("published", []):
+        if mark["table"] == "gpu_samples":  # the rest: --format json
+            typer.echo(f"published to {mark['location']}: GPU samples up to {mark['until']}")
 
 
 @app.command("simulate")

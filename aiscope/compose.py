@@ -31,7 +31,13 @@ from agent.nvml import Nvml
 from agent.sampler import Sampler
 from agent.service import Agent
 from agent.store import Store
-from agent.storefile import StoreError, connect_read_only, table_summary, verify
+from agent.storefile import (
+    StoreError,
+    connect_read_only,
+    publish_watermarks,
+    table_summary,
+    verify,
+)
 from aiscope import __version__
 from aiscope.trailing import TrailingFailed, analyze_in_child
 from analyzer.load import InputError
@@ -190,6 +196,7 @@ def describe_store(
         row = con.execute("SELECT value FROM meta WHERE key = ?", ["schema_version"]).fetchone()
         verified = verify(con, path) if verify_rows else None
         tables = table_summary(con, path)
+        marks = publish_watermarks(con)
     finally:
         con.close()
     return {
@@ -199,5 +206,9 @@ def describe_store(
         "tables": [
             {"table": t, "rows": n, "first": _iso(first), "last": _iso(last)}
             for t, n, first, last in tables
+        ],
+        # How far each table went out to each fleet location (``LOCATION#daily``: whole days).
+        "published": [
+            {"location": where, "table": t, "until": _iso(until)} for where, t, until in marks
         ],
     }

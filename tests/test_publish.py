@@ -578,6 +578,13 @@ def test_whole_days_are_compacted_and_read_alone(tmp_path: Path) -> None:
     assert analyze([target.root], since="7d") == doc
     assert publish(store, target, start + 40 * 3600).rows == 0
     store.close()
+    from aiscope.compose import describe_store
+
+    marks = {
+        (m["location"], m["table"]): m["until"] for m in describe_store(store.path)["published"]
+    }
+    assert marks[(target.url, "gpu_samples")] == "2026-05-30T12:00:00Z"
+    assert marks[(target.url + "#daily", "gpu_samples")] == "2026-05-30T00:00:00Z"
 
 
 def test_a_late_row_republishes_its_segment_under_the_same_name(tmp_path: Path) -> None:
