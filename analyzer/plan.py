@@ -2,8 +2,10 @@
 forecasts with their backtested error, when each pool runs out, and what to buy.
 
 Pools (:data:`POOLS`): ``inference`` (online inference), ``training`` (training and batch) and
-``interactive``. A GPU belongs to the pool of the class it had over the newest week (the
-analysis' classifier); a GPU idle all week belongs to none and is spare capacity.
+``interactive``. A pool's capacity is the GPUs of its classes over the newest week (the
+analysis' classifier); a GPU idle all week belongs to none and is spare capacity. Its demand
+history counts each GPU-hour in the class the GPU had that week (the newest
+:data:`CLASSIFIED_WEEKS` weeks are classified one by one; older hours take the oldest's).
 
 Demand per hour, from the minute rollups (kept 400 days) and the raw samples where newer:
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.storefile import Input
 from analyzer import forecast as fc
 from analyzer.analysis import iso, parse_duration
 from analyzer.classify import classify
@@ -55,6 +58,9 @@ CLASSES = ("training", "inference", "batch", "interactive", "idle")
 QUEUED_POOLS = ("training", "interactive")
 #: The interval reported with every forecast (and scored by every backtest).
 LEVEL = 0.8
+#: Weeks classified back from the newest (each GPU-hour counts in its week's class; older
+#: hours take the oldest of these).
+CLASSIFIED_WEEKS = 8
 #: The longest horizon forecast.
 MAX_HORIZON_WEEKS = 104
 #: The quantile of a week's hourly demand that sizes a pool.
@@ -162,7 +168,29 @@ def plan(
     if classes is None:
         data = load(paths, min(WEEK, hist.end - hist.start), timeout=timeout)
         classes = {v.info.uuid: v.gpu_class for v in classify(data, thresholds)}
-    return build(hist, classes, horizon_seconds, site, [str(p) for p in paths], pending)
+    past = _past_classes(paths, hist, thresholds, timeout)
+    stores_read = [str(p) for p in paths]
+    return build(hist, classes, horizon_seconds, site, stores_read, pending, past)
+
+
+def _past_classes(
+    paths: Sequence[Input], hist: History, thresholds: Thresholds | None, timeout: float
+) -> list[dict[str, str]]:
+    """Each GPU's class in the weeks before the newest (newest first, up to
+    :data:`CLASSIFIED_WEEKS` in all), when the history is long enough for a forecast; a week
+    without samples gets no classes."""
+    if hist.end - hist.start < 2 * WEEK:
+        return []
+    weeks = min(CLASSIFIED_WEEKS, math.ceil((hist.end - hist.start) / WEEK))
+    out: list[dict[str, str]] = []
+    for k in range(1, weeks):
+        try:
+            data = load(paths, WEEK, timeout=timeout, until=hist.end - k * WEEK)
+        except InputError:
+            out.append({})
+            continue
+        out.append({v.info.uuid: v.gpu_class for v in classify(data, thresholds)})
+    return out
 
 
 def build(
@@ -172,11 +200,14 @@ def build(
     site: Site,
     stores: Sequence[str] = (),
     pending: Pending | None = None,
+    past: Sequence[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
-    """The plan document from the history and each GPU's class (``uuid`` -> class)."""
+    """The plan document from the history and each GPU's class (``uuid`` -> class) over the
+    newest week (capacity, and the hours of that week) and in the weeks before it (``past``,
+    newest first; hours older than them take the oldest)."""
     start = math.floor(hist.start / HOUR) * HOUR
     steps = max(1, math.ceil((hist.end - start) / HOUR))
-    busy, held = _class_series(hist, classes, start, steps)
+    busy, held = _class_series(hist, [classes, *past], start, steps)
     series = _pool_series(classes, busy, held, site, steps)
     if pending is not None:
         series = [_with_pending(s, pending, start) for s in series]
@@ -204,17 +235,20 @@ def build(
 
 
 def _class_series(
-    hist: History, classes: Mapping[str, str], start: float, steps: int
+    hist: History, weekly: Sequence[Mapping[str, str]], start: float, steps: int
 ) -> tuple[dict[str, list[float | None]], dict[str, list[float | None]]]:
     """Per class and hour: GPUs busy (sum of busy shares) and GPUs held; ``None`` for an hour
-    without any sample of that class's GPUs."""
+    without any sample of that class's GPUs. ``weekly``: the classes by week back from the
+    end, newest first (a GPU a week does not know takes its newest class)."""
     busy: dict[str, list[float | None]] = {c: [None] * steps for c in CLASSES}
     held: dict[str, list[float | None]] = {c: [None] * steps for c in CLASSES}
+    end = start + steps * HOUR
     for h in hist.hours:
         i = int((h.start - start) // HOUR)
         if not 0 <= i < steps:
             continue
-        c = classes.get(h.uuid, "idle")
+        week = weekly[min(int((end - h.start - HOUR) // WEEK), len(weekly) - 1)]
+        c = week.get(h.uuid) or weekly[0].get(h.uuid, "idle")
         if h.util is not None:
             busy[c][i] = (busy[c][i] or 0.0) + h.util
         if h.held_ratio is not None:
@@ -540,8 +574,8 @@ def _classes_json(
         gpus = sum(1 for v in classes.values() if v == c)
         b = [v for v in busy[c][-week:] if v is not None]
         h = [v for v in held[c][-week:] if v is not None]
-        if not gpus and not b:
-            continue
+        if not gpus and all(v is None for v in held[c]):
+            continue  # never seen in the history
         kw = power.get(c)
         mean_busy = sum(b) / len(b) if b else None
         out.append(
@@ -582,7 +616,11 @@ def _notes(site: Site, pending: Pending | None) -> list[str]:
         pools = " and ".join(sorted(pending.hours))
         queue = f"The {pools} demand includes the GPUs that waited, from {pending.source}"
         queue += f" ({pending.skipped_rows} rows skipped)." if pending.skipped_rows else "."
-    notes = [queue, "Each GPU is counted in the pool of its class over the newest week."]
+    notes = [
+        queue,
+        f"Each GPU-hour counts in the class its GPU had that week (the newest {CLASSIFIED_WEEKS} "
+        "weeks classified, older hours in the oldest's); capacity is each pool's GPUs today.",
+    ]
     if site.node_overhead_watts == 0:
         notes.append(
             "Node power is the GPUs' measured draw only; set [site] node_overhead_watts for the "

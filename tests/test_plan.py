@@ -382,3 +382,30 @@ def test_plan_through_prometheus(tmp_path: Path, inference_day_store: Path) -> N
     assert doc["source"]["vocabulary"] == "aiscope" and doc["stores"] == []
     assert {p["pool"]: p["capacity_gpus"] for p in doc["pools"]} == expected
     assert all(p["not_enough_data"] and not p["forecast"] for p in doc["pools"])
+
+
+def test_a_gpu_counts_in_the_class_it_had_that_week() -> None:
+    """A GPU that trained for two weeks and then joined the inference pool: its older hours
+    are training's, its newest week inference's, and the pool's capacity is today's."""
+    from analyzer.load import GpuHour, GpuInfo, History
+    from analyzer.plan import build
+
+    start, hours = 1_790_000_000.0 // 3600 * 3600, 21 * 24
+    rows = tuple(
+        GpuHour("n1", uuid, start + h * 3600, 60, util, 1.0, 300.0)
+        for h in range(hours)
+        for uuid, util in (("moved", 0.9), ("server", 0.35))
+    )
+    gpus = tuple(
+        GpuInfo("n1", u, i, "H100", 80e9, 700.0) for i, u in enumerate(("moved", "server"))
+    )
+    hist = History(start, start + hours * 3600, gpus, rows, 600.0)
+    newest = {"moved": "inference", "server": "inference"}
+    past = [{"moved": "training", "server": "inference"}]  # the week before; older: the same
+    doc = build(hist, newest, 4 * 7 * 86400, Site(), past=past)
+    by_class = {c["class"]: c for c in doc["classes"]}
+    busy = [d["mean"] for d in by_class["inference"]["history_daily"]["busy"]]
+    assert busy[:14] == pytest.approx([0.35] * 14) and busy[14:] == pytest.approx([1.25] * 7)
+    trained = by_class["training"]["history_daily"]["held"]
+    assert len(trained) == 14 and by_class["training"]["gpus"] == 0
+    assert [p["capacity_gpus"] for p in doc["pools"]] == [2]  # inference only, today
