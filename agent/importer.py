@@ -483,70 +483,17 @@ def _import_gpus(
     store: Store,
     result: ImportResult,
 ) -> None:
-    """Read the log with DuckDB's streaming CSV reader, convert in SQL, merge into the store.
+    """Read the log with DuckDB's streaming CSV reader, convert and check in SQL, merge into
+    the store.
 
-    The views below are evaluated while rows are inserted into the staging table, so the file is
-    never held in memory whole, only its converted samples. nvidia-smi never quotes a field, so
-    quotes are plain characters: a torn line with a stray quote cannot swallow the next line.
+    The file is read once, through views, into a table of checked values (never the text of
+    the whole file); the samples, the devices and the refusal counts all come from it.
     """
     plan = _Plan.of(names)
-    spec = {f"c{i}": "VARCHAR" for i in range(len(names))}
-    units = header_units(path, fields)
-    checked = _checked_columns(plan)
     lines = _count_lines(path) - (0 if fields else 1)
     with store.staging(GpuSample) as stage:
-        stage.sql(
-            "CREATE OR REPLACE TEMP VIEW imp_raw AS SELECT row_number() OVER () AS line, * "
-            f"FROM read_csv({_literal(str(path))}, header = false, skip = {0 if fields else 1}, "
-            f"columns = {_struct(spec)}, delim = ',', quote = '', escape = '', "
-            "auto_detect = false, ignore_errors = true, null_padding = false, "
-            "strict_mode = false)"
-        )
-        stage.sql(
-            "CREATE OR REPLACE TEMP VIEW imp_ts AS SELECT *, "
-            f"epoch_ms(try_strptime(trim(c{plan.ts}), {_list(_TIME_FORMATS)})) / 1000.0 "
-            "AS ts FROM imp_raw"
-        )
-        identified = {plan.index, plan.uuid, plan.bus} != {None}
-        stamps = [
-            r[0]
-            for r in stage.sql(
-                "SELECT ts FROM imp_ts WHERE ts IS NOT NULL ORDER BY line LIMIT 4000"
-            )
-        ]
-        gap = 0.0 if identified else sweep_gap_seconds(stamps)
-        stage.sql(
-            "CREATE OR REPLACE TEMP VIEW imp_gpus AS "
-            "WITH p AS (SELECT *, lag(ts) OVER (ORDER BY line) AS prev FROM imp_ts "
-            "WHERE ts IS NOT NULL), "
-            "s AS (SELECT *, sum(CASE WHEN prev IS NULL OR ts < prev OR ts - prev > "
-            f"{float(gap)!r} THEN 1 ELSE 0 END) OVER (ORDER BY line) AS sweep FROM p), "
-            "r AS (SELECT *, row_number() OVER (PARTITION BY sweep ORDER BY line) - 1 "
-            "AS position FROM s) "
-            f"SELECT *, {_identity(plan).replace('$node', _literal(node))} FROM r"
-        )
-        sql = {col: _value_sql(col, kind, units[col]) for col, kind in checked.items()}
-        parts = [_split_sql(col) for col in checked]
-        stage.sql(
-            "CREATE OR REPLACE TEMP VIEW imp_parts AS SELECT *"
-            + "".join(", " + p for p in parts)
-            + " FROM imp_gpus"
-        )
-        stage.sql(
-            "CREATE OR REPLACE TEMP VIEW imp_vals AS SELECT *"
-            + "".join(f", {value} AS v{col}" for col, (value, _, _) in sql.items())
-            + " FROM imp_parts"
-        )
-        parsed_ok = " AND ".join(ok for _, ok, _ in sql.values()) or "true"
-        in_range = " AND ".join(ok for _, _, ok in sql.values()) or "true"
-        # One pass over the file: only what the samples and devices need, with the verdicts.
-        stage.sql(
-            "CREATE OR REPLACE TEMP TABLE imp_checked AS SELECT ts, gpu_key, gpu_idx, "
-            f"trim({_col(plan.name)}) AS name_text, trim({_col(plan.bus)}) AS bus_text, "
-            f"TRY_CAST(trim({_col(plan.reasons)}) AS BIGINT) AS reasons"
-            + "".join(f", v{col}" for col in sql)
-            + f", {parsed_ok} AS parsed_ok, {in_range} AS in_range FROM imp_vals"
-        )
+        _read_views(stage, path, len(names), fields, plan, node)
+        _check_values(stage, plan, header_units(path, fields))
         stage.sql(
             "INSERT INTO temp.import_stage SELECT "
             f"{_gpu_select(plan)} FROM imp_checked WHERE parsed_ok AND in_range",
@@ -570,6 +517,69 @@ def _import_gpus(
     if devices:
         store.add(devices)
         store.flush()
+
+
+def _read_views(
+    stage: Any, path: Path, width: int, fields: list[str] | None, plan: _Plan, node: str
+) -> None:
+    """Views over the file: ``imp_raw`` (text columns; nvidia-smi never quotes a field, so a
+    quote is a plain character and a torn line with a stray one cannot swallow the next),
+    ``imp_ts`` (its time, without the UTC offset) and ``imp_gpus`` (its GPU, by uuid, bus id,
+    index or position in the sweep)."""
+    spec = {f"c{i}": "VARCHAR" for i in range(width)}
+    stage.sql(
+        "CREATE OR REPLACE TEMP VIEW imp_raw AS SELECT row_number() OVER () AS line, * "
+        f"FROM read_csv({_literal(str(path))}, header = false, skip = {0 if fields else 1}, "
+        f"columns = {_struct(spec)}, delim = ',', quote = '', escape = '', "
+        "auto_detect = false, ignore_errors = true, null_padding = false, strict_mode = false)"
+    )
+    stage.sql(
+        "CREATE OR REPLACE TEMP VIEW imp_ts AS SELECT *, "
+        f"epoch_ms(try_strptime(trim(c{plan.ts}), {_list(_TIME_FORMATS)})) / 1000.0 "
+        "AS ts FROM imp_raw"
+    )
+    identified = {plan.index, plan.uuid, plan.bus} != {None}
+    stamps = [
+        r[0]
+        for r in stage.sql("SELECT ts FROM imp_ts WHERE ts IS NOT NULL ORDER BY line LIMIT 4000")
+    ]
+    gap = 0.0 if identified else sweep_gap_seconds(stamps)
+    stage.sql(
+        "CREATE OR REPLACE TEMP VIEW imp_gpus AS "
+        "WITH p AS (SELECT *, lag(ts) OVER (ORDER BY line) AS prev FROM imp_ts "
+        "WHERE ts IS NOT NULL), "
+        "s AS (SELECT *, sum(CASE WHEN prev IS NULL OR ts < prev OR ts - prev > "
+        f"{float(gap)!r} THEN 1 ELSE 0 END) OVER (ORDER BY line) AS sweep FROM p), "
+        "r AS (SELECT *, row_number() OVER (PARTITION BY sweep ORDER BY line) - 1 "
+        "AS position FROM s) "
+        f"SELECT *, {_identity(plan).replace('$node', _literal(node))} FROM r"
+    )
+
+
+def _check_values(stage: Any, plan: _Plan, units: list[str | None]) -> None:
+    """The table ``imp_checked``: per row its time, GPU, device text, every value converted to
+    nvidia-smi's unit (``v<col>``), and the verdicts ``parsed_ok`` (every value a number in a
+    known unit, or not reported) and ``in_range`` (every value one a GPU can report)."""
+    sql = {col: _value_sql(col, kind, units[col]) for col, kind in _checked_columns(plan).items()}
+    stage.sql(
+        "CREATE OR REPLACE TEMP VIEW imp_parts AS SELECT *"
+        + "".join(", " + _split_sql(col) for col in sql)
+        + " FROM imp_gpus"
+    )
+    stage.sql(
+        "CREATE OR REPLACE TEMP VIEW imp_vals AS SELECT *"
+        + "".join(f", {value} AS v{col}" for col, (value, _, _) in sql.items())
+        + " FROM imp_parts"
+    )
+    parsed_ok = " AND ".join(ok for _, ok, _ in sql.values()) or "true"
+    in_range = " AND ".join(ok for _, _, ok in sql.values()) or "true"
+    stage.sql(
+        "CREATE OR REPLACE TEMP TABLE imp_checked AS SELECT ts, gpu_key, gpu_idx, "
+        f"trim({_col(plan.name)}) AS name_text, trim({_col(plan.bus)}) AS bus_text, "
+        f"TRY_CAST(trim({_col(plan.reasons)}) AS BIGINT) AS reasons"
+        + "".join(f", v{col}" for col in sql)
+        + f", {parsed_ok} AS parsed_ok, {in_range} AS in_range FROM imp_vals"
+    )
 
 
 def _devices(stage: Any, plan: _Plan, node: str, offset: float) -> list[Device]:
