@@ -354,7 +354,6 @@ def import_files(
     return result
 
 
-_NUMBER = r"^-?[0-9]+(\.[0-9]+)?"
 _TIME_FORMATS = [
     "%Y/%m/%d %H:%M:%S.%f",
     "%Y/%m/%d %H:%M:%S",
@@ -366,10 +365,6 @@ _TIME_FORMATS = [
 def _col(index: int | None) -> str:
     """The raw text column at ``index`` of a log (``NULL`` when the log lacks the field)."""
     return "NULL" if index is None else f"c{index}"
-
-
-def _num(column: str) -> str:
-    return f"TRY_CAST(NULLIF(regexp_extract(trim({column}), '{_NUMBER}'), '') AS DOUBLE)"
 
 
 def _reported(column: str) -> str:
