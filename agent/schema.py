@@ -330,6 +330,7 @@ class PublishWatermark:
     published_until: float
     updated_ts: float
 
+
 #: Columns that per-minute rollups summarize (mean, min, max, p95), per table.
 ROLLUP_COLUMNS: dict[str, tuple[str, ...]] = {
     "gpu_samples": (

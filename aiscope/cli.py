@@ -536,9 +536,7 @@ def _seconds(value: float) -> float:
 SinceOption = Annotated[str, typer.Option(help="Window length, ending at the newest sample.")]
 WaitOption = Annotated[
     float,
-    typer.Option(
-        help="Seconds to wait for an agent to release a store.", callback=_seconds
-    ),
+    typer.Option(help="Seconds to wait for an agent to release a store.", callback=_seconds),
 ]
 ThresholdsOption = Annotated[
     Path | None,

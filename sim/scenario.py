@@ -254,7 +254,7 @@ def _placements(
         ):
             raise ValueError(
                 f"{where}.placements[{j}].gpus: expected GPU indices on {node} that are not "
-                "MIG-partitioned (place work on a partitioned GPU with instances = [\"GPU/N\"])"
+                'MIG-partitioned (place work on a partitioned GPU with instances = ["GPU/N"])'
             )
         instances = _instances(entry.get("instances") or [], spec, f"{where}.placements[{j}]")
         out.append(Placement(node, tuple(gpus) + instances))
@@ -270,7 +270,7 @@ def _instances(raw: list[Any], spec: NodeSpec, where: str) -> tuple[int, ...]:
         if not (gpu.isdigit() and k.isdigit() and int(k) < len(spec.layout(int(gpu)))):
             raise ValueError(
                 f"{where}.instances: {item!r} is not a MIG instance of {spec.name} "
-                "(write \"GPU/N\", N counting the GPU's [[nodes.mig]] instances from 0)"
+                '(write "GPU/N", N counting the GPU\'s [[nodes.mig]] instances from 0)'
             )
         out.append(spec.instance_target(int(gpu), int(k)))
     return tuple(out)
