@@ -272,7 +272,34 @@ def load(
         con.close()
 
 
-#: The newest ``ts`` dated before ``$l`` (this machine's clock and a day), else the newest: as
+#: Samples past this machine's clock (and a day) that follow the ones before it with no gap
+#: longer than this are believed: a simulation of days to come runs on through "now" without a
+#: break, while a wrong clock's rows stand apart (a row dated 9999, a node set a year ahead).
+CONTINUITY_SECONDS = 6 * 3600.0
+
+
+def believable_limit(con: duckdb.DuckDBPyConnection, relation: str) -> float:
+    """The newest ``ts`` of ``relation`` (SQL) that readers believe: this machine's clock and a
+    day, extended over the samples that continue past it without a gap longer than
+    :data:`CONTINUITY_SECONDS`, and never past 2100."""
+    limit = sf.latest_plausible_ts()
+    row = con.execute(
+        "SELECT min(ts) FROM (SELECT ts, ts - lag(ts) OVER (ORDER BY ts) AS gap "
+        f"FROM (SELECT DISTINCT ts FROM ({relation}) WHERE ts > $from AND ts <= $h)) "
+        "WHERE ts > $l AND (gap IS NULL OR gap > $c)",
+        {
+            "from": limit - CONTINUITY_SECONDS,
+            "l": limit,
+            "h": sf.LATEST_TS,
+            "c": CONTINUITY_SECONDS,
+        },
+    ).fetchone()
+    if row is None or row[0] is None:
+        return float(sf.LATEST_TS)
+    return float(row[0]) - 1e-3  # just before the first sample that stands apart
+
+
+#: The newest ``ts`` dated before ``$l`` (:func:`believable_limit`), else the newest: as
 #: :func:`_window_end` decides, for the readers that only need the newest sample.
 BELIEVABLE_NEWEST = (
     f"coalesce(max(ts) FILTER (WHERE ts <= $l), max(ts) FILTER (WHERE ts <= {sf.LATEST_TS!r}))"
@@ -284,16 +311,17 @@ def _window_end(
 ) -> tuple[float, float, int]:
     """(the first sample, the newest believable one, the samples ignored past it).
 
-    Samples dated more than a day after this machine's clock come from a wrong clock: one such
-    row would end the window on itself and hide everything real, so they are left out (and
-    counted). When every sample is that far ahead, it is this machine's clock that is behind
-    (or the store is a simulation of days to come): the window then ends at the newest. Samples
-    after 2100 (:data:`agent.storefile.LATEST_TS`) are never believed."""
+    Samples dated more than a day after this machine's clock, apart from the rest
+    (:func:`believable_limit`), come from a wrong clock: one such row would end the window on
+    itself and hide everything real, so they are left out (and counted). When every sample is
+    that far ahead, it is this machine's clock that is behind (or the store is a simulation of
+    days to come): the window then ends at the newest. Samples after 2100
+    (:data:`agent.storefile.LATEST_TS`) are never believed."""
     row = con.execute(
         "SELECT count(*), min(ts) FILTER (WHERE ts <= $h), max(ts) FILTER (WHERE ts <= $h), "
         "max(ts) FILTER (WHERE ts <= $l), count(*) FILTER (WHERE ts > $l), "
         "count(*) FILTER (WHERE ts > $h) FROM g",
-        {"l": sf.latest_plausible_ts(), "h": sf.LATEST_TS},
+        {"l": believable_limit(con, "SELECT ts FROM g"), "h": sf.LATEST_TS},
     ).fetchone()
     if row is None or not row[0]:
         raise EmptyStore(f"{paths[0]}: the store has no GPU samples yet")
@@ -610,7 +638,6 @@ class Usage:
 
 
 @sf.reads_stores
-@sf.reads_stores
 def holdings(paths: Sequence[sf.Input], timeout: float = 10.0) -> Holdings:
     """Every (workload, GPU) the stores' process samples show, with the workload's ids."""
     con = duckdb.connect(":memory:", config={"threads": 2})
@@ -632,7 +659,7 @@ def holdings(paths: Sequence[sf.Input], timeout: float = 10.0) -> Holdings:
         ).fetchall()
         newest = con.execute(
             f"SELECT {BELIEVABLE_NEWEST} FROM ({_union(aliases, sf.GPU_SAMPLES)})",
-            {"l": sf.latest_plausible_ts()},
+            {"l": believable_limit(con, _union(aliases, sf.GPU_SAMPLES))},
         ).fetchone()
         scans = con.execute(
             f"SELECT node, max(ts) FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) GROUP BY node"
@@ -652,7 +679,6 @@ def holdings(paths: Sequence[sf.Input], timeout: float = 10.0) -> Holdings:
     )
 
 
-@sf.reads_stores
 @sf.reads_stores
 def usage(
     paths: Sequence[sf.Input], spans: list[tuple[str, str, float, float]], timeout: float = 10.0
@@ -783,7 +809,7 @@ def _history_minutes(
     con.execute(f"CREATE TEMP VIEW r AS {_union(aliases, rollup)}")
     newest = con.execute(
         f"SELECT greatest((SELECT {BELIEVABLE_NEWEST} FROM g), (SELECT max(minute_ts) FROM r))",
-        {"l": sf.latest_plausible_ts()},
+        {"l": believable_limit(con, "SELECT ts FROM g")},
     ).fetchone()
     start = -1.0
     if since_seconds is not None and newest is not None and newest[0] is not None:

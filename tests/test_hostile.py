@@ -733,6 +733,52 @@ def test_a_store_entirely_ahead_of_this_clock_still_analyzes(
     assert "after this machine's clock" in caplog.text
 
 
+def _gpu_minutes(store_path: Path, starts: list[tuple[float, int]]) -> Path:
+    """A one-GPU store with a sample every minute from each (start, minutes)."""
+    store = Store(store_path)
+    store.add(
+        GpuSample(t0 + 60 * m, "n1", "GPU-1", 0, True, 0.5, None, 1 << 30, None, None, 300.0)
+        for t0, minutes in starts
+        for m in range(minutes)
+    )
+    store.flush()
+    store.close()
+    return store_path
+
+
+def test_a_store_that_runs_on_past_this_clock_is_read_to_its_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A simulation from three days ago that runs four days on (past now and a day) is one
+    unbroken run: all of it is believed, not cut a day after this machine's clock."""
+    import json
+
+    t0 = time.time() - 3 * 86400
+    store = _gpu_minutes(tmp_path / "through.duckdb", [(t0, 7 * 24 * 60)])
+    rc, out, err = run(capsys, "analyze", "--store", str(store), "--since", "2d")
+    assert rc == 0, err
+    doc = json.loads(out)
+    newest = time.strftime("%Y-%m-%dT%H:%M", time.gmtime(t0 + (7 * 24 * 60 - 1) * 60))
+    assert doc["window"]["end"].startswith(newest)
+    assert "ignored_future_samples" not in doc["window"]
+
+
+def test_rows_that_stand_apart_in_the_future_are_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node whose clock is a month ahead: its rows stand apart from the real ones (a gap of
+    weeks), so they are a wrong clock's and the window ends at the real newest sample."""
+    import json
+
+    now = time.time()
+    store = _gpu_minutes(tmp_path / "apart.duckdb", [(now - 86400, 1440), (now + 30 * 86400, 60)])
+    rc, out, err = run(capsys, "analyze", "--store", str(store))
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["window"]["end"].startswith(time.strftime("%Y-%m-%dT%H", time.gmtime(now - 60)))
+    assert doc["window"]["ignored_future_samples"] == 60
+
+
 @pytest.mark.parametrize(
     ("memory", "power", "expected"),
     [
