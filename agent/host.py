@@ -56,6 +56,7 @@ class HostReader:
         self._ps = ps
         self._previous: dict[str, tuple[float, float]] = {}
         self._cpu_prev: _CpuTimes | None = None
+        self._pressure = {r: proc_root / "pressure" / r for r in ("cpu", "io", "memory")}
 
     def sample(self, ts: float) -> tuple[HostSample, list[NetSample]]:
         """One host reading and one row per NIC and InfiniBand port."""
@@ -63,6 +64,7 @@ class HostReader:
         memory = self._ps.virtual_memory()
         disk = self._ps.disk_io_counters(perdisk=False)
         load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        pressure = {r: _read_text(path) or "" for r, path in self._pressure.items()}  # once each
         host = HostSample(
             ts=ts,
             node=self._node,
@@ -71,11 +73,11 @@ class HostReader:
             cpu_steal_ratio=cpu[2],
             load1=load1,
             cpu_count=self._ps.cpu_count(),
-            psi_cpu_some_ratio=self._psi("cpu", "some"),
-            psi_io_some_ratio=self._psi("io", "some"),
-            psi_io_full_ratio=self._psi("io", "full"),
-            psi_memory_some_ratio=self._psi("memory", "some"),
-            psi_memory_full_ratio=self._psi("memory", "full"),
+            psi_cpu_some_ratio=parse_psi(pressure["cpu"], "some"),
+            psi_io_some_ratio=parse_psi(pressure["io"], "some"),
+            psi_io_full_ratio=parse_psi(pressure["io"], "full"),
+            psi_memory_some_ratio=parse_psi(pressure["memory"], "some"),
+            psi_memory_full_ratio=parse_psi(pressure["memory"], "full"),
             memory_used_bytes=int(memory.total - memory.available),
             memory_available_bytes=int(memory.available),
             disk_read_bytes_per_second=self._rate("disk:r", ts, disk.read_bytes if disk else None),
@@ -177,11 +179,6 @@ class HostReader:
         return out
 
     # -- pressure and cgroups ------------------------------------------------------------------
-
-    def _psi(self, resource: str, kind: str) -> float | None:
-        """``avg10`` of ``/proc/pressure/<resource>`` for ``some`` or ``full``, as a ratio."""
-        text = _read_text(self._proc / "pressure" / resource)
-        return parse_psi(text, kind) if text else None
 
     def _cgroup_dir(self, path: str) -> Path:
         return self._cgroup_root / path.lstrip("/")
