@@ -191,3 +191,21 @@ def test_three_weeks_give_an_hour_of_week_schedule_that_keeps_the_weekend() -> N
     assert schedule.at(sunday) < 0.8 * schedule.at(wednesday)
     assert forward.forecast.trend.weekday_effects
     assert abs(forward.forecast.trend.fitted_growth_per_week_ratio) < 0.05
+
+
+def test_the_split_reads_an_hour_of_week_schedule_by_hour_of_week() -> None:
+    """With three weeks a reservation is by hour of week (168 slots from Monday): the split's
+    replay and its batch hours must read Monday's slots on Monday, not on every day."""
+    from analyzer.recommendations import Recommendation
+    from analyzer.recommendations.reservation import MONDAY_OFFSET
+    from analyzer.recommendations.split import _batch_hours, _schedule
+
+    week = [2] * 168
+    week[5 * 24 + 10] = 9  # Saturday 10:00 only
+    rec = Recommendation("reservation", "", (), 1.0, (), (("schedule", {"gpus": week}),))
+    schedule = _schedule(rec)
+    saturday_10 = MONDAY_OFFSET + 5 * 86400 + 10 * 3600 + 60
+    assert schedule.at(saturday_10) == 9
+    assert schedule.at(saturday_10 - 86400) == 2  # Friday 10:00
+    # 10:00 is at the peak on one day of the week, so it is not a batch hour; the rest are
+    assert _batch_hours([rec]) == "00:00-10:00, 11:00-00:00"

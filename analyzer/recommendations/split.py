@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from analyzer.classify import class_at, cycle
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, quantile, register
 from analyzer.recommendations.demand import demand_curve, services
-from analyzer.recommendations.reservation import DAY, ReservationSettings
+from analyzer.recommendations.reservation import DAY, WEEK, ReservationSettings, Schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +123,12 @@ class SplitStrategy:
         data = inputs.data
         hours = data.bucket_seconds / 3600.0
         inf_demand = _inference_demand(inputs)
-        schedules = [r.detail("schedule")["gpus"] for r in reservations]
+        schedules = [_schedule(r) for r in reservations]
         delayed = under = lendable_hours = held = 0.0
         for t in times:
             c = classes[t]
             held += sum(v for k, v in c.items() if k != "idle") * hours
-            reserved_now = sum(s[int((t % DAY) // 3600) % len(s)] for s in schedules)
+            reserved_now = sum(s.at(t) for s in schedules)
             lent = pools["inference-reserved"] - reserved_now  # spares and off-peak slack
             need = inf_demand.get(t, 0.0)
             overflow = max(need - reserved_now, 0.0)
@@ -261,12 +261,23 @@ def _preemptible(inputs: Inputs) -> list[tuple[str, float]]:
     return sorted(out.items())
 
 
+def _schedule(reservation: Recommendation) -> Schedule:
+    """A reservation's schedule as the reservation made it: by hour of day, or by hour of week
+    (168 slots from Monday) once three weeks of history were there."""
+    gpus = tuple(reservation.detail("schedule")["gpus"])
+    return Schedule(WEEK if len(gpus) == 168 else DAY, 3600, gpus)
+
+
 def _batch_hours(reservations: list[Recommendation]) -> str:
     """The hours of day when the reservations together sit below their peak."""
     schedules = [r.detail("schedule")["gpus"] for r in reservations if r.detail("schedule")]
     if not schedules:
         return ""
-    per_hour = [sum(s[h % len(s)] for s in schedules) for h in range(24)]
+    # an hour of day is below the peak when it is on every day of an hour-of-week schedule
+    per_hour = [
+        sum(max(s[d * 24 + h] for d in range(max(len(s) // 24, 1))) for s in schedules)
+        for h in range(24)
+    ]
     peak = max(per_hour)
     low = [h for h in range(24) if per_hour[h] < peak]
     if not low:
