@@ -104,7 +104,13 @@ def exec_lean(spec: RunSpec, shown_args: list[str]) -> NoReturn:
 
 def main() -> int:
     """The exec'd agent: the spec from the environment, errors as the CLI reports them."""
-    spec = RunSpec.from_json(os.environ.pop(ENV))
+    raw = os.environ.pop(ENV, None)
+    if raw is None:
+        print(
+            "aiscope: aiscope.agentd is started by 'aiscope agent run'; run that", file=sys.stderr
+        )
+        return 2
+    spec = RunSpec.from_json(raw)
     logging.basicConfig(
         level=logging.DEBUG if spec.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -102,3 +102,18 @@ def test_in_process_callers_keep_their_process(tmp_path: Path) -> None:
     args = ["agent", "run", "--virtual-gpus", "1", "--listen", "127.0.0.1:0", "--duration", "1"]
     assert main([*args, "--store", str(tmp_path / "s.duckdb")]) == 0
     assert os.getpid() == pid and (tmp_path / "s.duckdb").exists()
+
+
+def test_started_by_hand_it_says_what_to_run() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "AISCOPE_AGENTD_SPEC"}
+    result = subprocess.run(
+        [sys.executable, "-m", "aiscope.agentd"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "aiscope: aiscope.agentd is started by 'aiscope agent run'; run that"
+    )
