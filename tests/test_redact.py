@@ -15,6 +15,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from agent.importer import import_files
 from agent.redact import (
     REDACTED,
     is_secret_name,
@@ -253,3 +254,20 @@ def test_the_store_redacts_every_process_record(tmp_path: Path) -> None:
     store.close()
     rows = query(path, "SELECT comm, cmdline FROM processes")
     assert rows == [(f"python train.py --token {R} PGPASSWORD={R}",) * 2]
+
+
+def test_an_import_stores_process_names_redacted(tmp_path: Path) -> None:
+    """nvidia-smi's process_name can be a whole command line (some drivers, some wrappers)."""
+    apps = tmp_path / "apps.csv"
+    apps.write_text(
+        "timestamp, gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n"
+        "2025/07/27 00:26:46.428, GPU-aaaaaaaa-1111-2222-3333-444444444444, 4101, "
+        "python train.py --hf-token hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123, 41000 MiB\n"
+    )
+    store = Store(tmp_path / "s.duckdb")
+    try:
+        import_files([apps], store, "n1", None)
+    finally:
+        store.close()
+    rows = query(tmp_path / "s.duckdb", "SELECT comm, cmdline FROM processes")
+    assert rows == [(f"python train.py --hf-token {R}",) * 2]
