@@ -35,7 +35,10 @@ process names are a hint with a weight, never the basis.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
+import operator
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -101,11 +104,25 @@ class GpuVerdict:
     #: The physical references the GPU was judged against (the detectors measure against the
     #: same ones, not a second computation).
     ref: PowerRef | None = None
+    #: The segments' starts when they are in order and apart (they are, as classified): then
+    #: :func:`class_at` bisects, which the detectors call for every bucket of every GPU.
+    starts: tuple[float, ...] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        segs = self.segments
+        if all(a.end <= b.start for a, b in itertools.pairwise(segs)):
+            object.__setattr__(self, "starts", tuple(s.start for s in segs))
 
 
 def class_at(verdict: GpuVerdict, t: float) -> str:
     """The class of the verdict's segment that holds ``t``; ``idle`` outside every segment."""
-    return next((s.gpu_class for s in verdict.segments if s.start <= t < s.end), "idle")
+    starts = verdict.starts
+    if starts is None:
+        return next((s.gpu_class for s in verdict.segments if s.start <= t < s.end), "idle")
+    i = bisect.bisect_right(starts, t) - 1
+    if i >= 0 and t < verdict.segments[i].end:
+        return verdict.segments[i].gpu_class
+    return "idle"
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,10 +409,7 @@ def cycle(buckets: list[Bucket], bucket_seconds: int) -> tuple[float, float] | N
     energy = sum(v * v for v in centred)
     if energy <= 1e-9:
         return None
-    r = {
-        k: sum(a * b for a, b in zip(centred, centred[k:], strict=False)) / energy
-        for k in range(lo, hi + 1)
-    }
+    r = {k: sum(map(operator.mul, centred, centred[k:])) / energy for k in range(lo, hi + 1)}
     peaks = [
         k for k in r if r[k] >= 0.25 and r[k] >= r.get(k - 1, -1.0) and r[k] >= r.get(k + 1, -1.0)
     ]
@@ -452,14 +466,14 @@ def _cross_gpu(spans: list[_Span], th: Thresholds) -> None:
     held_spans = sorted(
         (s for s in spans if s.occupied and len(s.buckets) >= 12), key=lambda s: s.start
     )
-    series = {id(s): _series(s) for s in held_spans}
+    series = {id(s): _Series(_series(s)) for s in held_spans}
     for i, s in enumerate(held_spans):
         for o in held_spans[i + 1 :]:
             if o.start - s.start > th.lockstep_start_seconds:
                 break
             if abs(o.end - s.end) > th.lockstep_end_seconds or not _same_footprint(s, o):
                 continue
-            r = _aligned_r(series[id(s)], series[id(o)])
+            r = series[id(s)].r(series[id(o)])
             if r >= th.lockstep_min_r:
                 s.peers.append(o)
                 o.peers.append(s)
@@ -478,6 +492,32 @@ def _same_footprint(a: _Span, b: _Span) -> bool:
 def _series(span: _Span) -> dict[float, float]:
     use_power = all(x.power_watts is not None for x in span.buckets[:5])
     return {x.start: (x.power_watts if use_power else x.util) or 0.0 for x in span.buckets}
+
+
+class _Series:
+    """A span's series, centred once: spans over the same buckets (ranks of one job, spans
+    cut by the window's start) are compared with one dot product, as :func:`pearson` would
+    compute it term for term; others through :func:`_aligned_r`."""
+
+    __slots__ = ("by_start", "centred", "energy", "keys")
+
+    def __init__(self, by_start: dict[float, float]) -> None:
+        self.by_start = by_start
+        self.keys = tuple(sorted(by_start))
+        values = [by_start[k] for k in self.keys]
+        mean = statistics.fmean(values) if len(values) >= 3 else 0.0
+        self.centred = [v - mean for v in values]
+        self.energy = sum(c * c for c in self.centred)
+
+    def r(self, other: _Series) -> float:
+        if self.keys != other.keys:
+            return _aligned_r(self.by_start, other.by_start)
+        if len(self.keys) < 12:
+            return 0.0
+        if self.energy <= 1e-12 or other.energy <= 1e-12:
+            return 0.0
+        covariance: float = sum(map(operator.mul, self.centred, other.centred))
+        return covariance / math.sqrt(self.energy * other.energy)
 
 
 def _aligned_r(a: dict[float, float], b: dict[float, float]) -> float:

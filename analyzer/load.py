@@ -12,9 +12,10 @@ import dataclasses
 import glob
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -495,10 +496,11 @@ def _fetch(
         ]
     )
     raw: dict[str, list[Bucket]] = {g.uuid: [] for g in every}
-    for row in con.execute(
+    for row in _rows(
+        con,
         "SELECT uuid, start, samples, ups, util, util_max, util_min, mem, mem_max, power, sm, "
-        "nvlink, tensor, clock, throttled FROM buckets ORDER BY uuid, start"
-    ).fetchall():
+        "nvlink, tensor, clock, throttled FROM buckets ORDER BY uuid, start",
+    ):
         raw[row[0]].append(Bucket(*row[1:]))
     # MIG: instances are the GPUs; a partitioned parent only lends its power (analyzer.mig).
     folded, buckets = mig.fold(every, raw)
@@ -521,6 +523,17 @@ def _fetch(
         hints={k: tuple(sorted(set(v))) for k, v in hints.items()},
         sample_interval_seconds=interval,
     )
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> Iterator[tuple[Any, ...]]:
+    """The query's rows a batch at a time: a fleet's buckets become records without first
+    becoming a list of every row (which doubled the loader's peak memory)."""
+    cursor = con.execute(sql)
+    while batch := cursor.fetchmany(_BATCH_ROWS):
+        yield from batch
+
+
+_BATCH_ROWS = 50_000
 
 
 def _distinct_indexes(gpus: list[GpuInfo]) -> tuple[GpuInfo, ...]:
@@ -553,10 +566,11 @@ def _distinct_indexes(gpus: list[GpuInfo]) -> tuple[GpuInfo, ...]:
 
 def _fetch_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[HostBucket, ...]]:
     hosts: dict[str, list[HostBucket]] = {}
-    for node, *row in con.execute(
+    for node, *row in _rows(
+        con,
         "SELECT h.node, h.start, busy, iowait, psi_cpu, psi_io, disk_read, cpus, n.ib, n.nic "
-        "FROM host h LEFT JOIN net n USING (node, start) ORDER BY h.node, h.start"
-    ).fetchall():
+        "FROM host h LEFT JOIN net n USING (node, start) ORDER BY h.node, h.start",
+    ):
         hosts.setdefault(node, []).append(HostBucket(*row))
     return {k: tuple(v) for k, v in hosts.items()}
 
@@ -577,10 +591,11 @@ def _fetch_tenancy(
 ) -> tuple[dict[str, Tenant], dict[str, tuple[TenantBucket, ...]]]:
     tenants: dict[str, Tenant] = {}
     tenancy: dict[str, list[TenantBucket]] = {}
-    for uuid, name, start, user, cgroup, cmd, mem, sm, ns, job in con.execute(
+    for uuid, name, start, user, cgroup, cmd, mem, sm, ns, job in _rows(
+        con,
         "SELECT uuid, tenant, start, usr, cg, cmd, mem, sm, ns, job FROM tenancy "
-        "ORDER BY uuid, start, tenant"
-    ).fetchall():
+        "ORDER BY uuid, start, tenant",
+    ):
         tenants.setdefault(name, Tenant(name, user, cgroup, cmd.strip(), ns, job))
         tenancy.setdefault(uuid, []).append(TenantBucket(start, name, mem, sm))
     return tenants, {k: tuple(v) for k, v in tenancy.items()}
