@@ -123,6 +123,14 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _text(value: Any) -> str:
+    """A text setting: a flag, a variable or a TOML string (``to = 3`` is refused, not read as
+    the directory ``3``)."""
+    if not isinstance(value, str | Path):
+        raise ValueError("expected a string")
+    return str(value)
+
+
 _PARSERS: dict[str, Callable[[Any], Any]] = {
     "interval": _positive_float,
     "process_interval": _positive_float,
@@ -130,7 +138,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "rollup_interval": _positive_float,
     "prune_interval": _positive_float,
     "dcgm_compat": _boolean,
-    "kubernetes_api": lambda v: str(v).strip(),
+    "kubernetes_api": lambda v: _text(v).strip(),
     "analysis_interval": _positive_float,
     "analysis_window": _positive_float,
     "buffer_rows": _positive_int,
@@ -138,10 +146,10 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "rollup_retention_days": _positive_float,
     "nvml_deadline": _positive_float,
     "duration": _positive_float,
-    "node": lambda v: _nonempty(str(v)),
-    "store": lambda v: resolve_store(Path(str(v)).expanduser()),
-    "listen": parse_listen,
-    "publish": lambda v: _location(str(v)),
+    "node": lambda v: _nonempty(_text(v)),
+    "store": lambda v: resolve_store(Path(_text(v)).expanduser()),
+    "listen": lambda v: parse_listen(_text(v)),
+    "publish": lambda v: _location(_text(v)),
     "publish_interval": _positive_float,
     "publish_segment": lambda v: _segment(_positive_float(v)),
 }

@@ -690,13 +690,12 @@ def _analysis(
 ) -> dict[str, Any]:
     """The analysis document of the stores (``--store``, else the default store), or of the
     ``--prometheus`` server (``source``)."""
-    from agent.config import default_store, read_config_file  # noqa: PLC0415
+    from agent.config import default_store  # noqa: PLC0415
     from analyzer.analysis import analyze  # noqa: PLC0415
     from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
 
-    if config is not None:
-        read_config_file(config)  # a misspelt table ([thresholdz]) is refused, not ignored
+    _check_config(config)
     thresholds = from_file(config)
     accounting = accounting_from_file(config)
     if source is not None:
@@ -710,6 +709,25 @@ def _analysis(
         doc = analyze(store or [str(default_store())], since, wait, thresholds, accounting)
         update(1.0)
     return doc
+
+
+def _check_config(config: Path | None) -> None:
+    """Every table of a ``--config`` file, checked before any store is read by whichever command
+    reads it: the file is shared (analyze, report, job, plan, notify, demo, the agent), so a
+    misspelt table or a bad value in a table this command does not use is still one ``aiscope:``
+    line and exit 2, never skipped (nor, in ``report``, turned into a missing outlook)."""
+    if config is None:
+        return
+    from agent.config import load_config, read_config_file  # noqa: PLC0415
+    from analyzer.plan import site_from_file  # noqa: PLC0415
+    from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
+    from analyzer.thresholds import from_file  # noqa: PLC0415
+
+    read_config_file(config)  # a misspelt table ([thresholdz]) is refused, not ignored
+    from_file(config)
+    accounting_from_file(config)
+    site_from_file(config)
+    load_config({}, env={}, config_file=config)  # [agent] and [publish] keys and values
 
 
 @app.command("report")
@@ -818,6 +836,7 @@ def demo_command(
 
     started = time.monotonic()
     config = config or DEMO_CONFIG
+    _check_config(config)
     thresholds, accounting = from_file(config), accounting_from_file(config)  # before the week
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -971,6 +990,7 @@ def _job_document(
     from analyzer.thresholds import from_file  # noqa: PLC0415
 
     allocated = _allocated(node, allocated_gpus)
+    _check_config(config)
     try:
         with _progress("analyzing") as update:
             doc = job_summary(
@@ -1202,6 +1222,7 @@ def _plan_document(
     parse_horizon(horizon)  # bad input before anything is read
     if since is not None:
         parse_horizon(since, "--since")
+    _check_config(config)
     thresholds, site = from_file(config), site_from_file(config)
     if source is not None:
         from aiscope.prometheus import plan_prometheus  # noqa: PLC0415

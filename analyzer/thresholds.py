@@ -160,7 +160,12 @@ def from_mapping(raw: dict[str, Any], where: str = "thresholds") -> Thresholds:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InputError(f"{where}.{key}: must be a number, got {value!r}")
         values[key] = float(value)
-    return Thresholds(**values)
+    try:
+        return Thresholds(**values)
+    except InputError as exc:  # a range check: name the file too, as the checks above do
+        if where == "thresholds":
+            raise
+        raise InputError(f"{where.removesuffix('thresholds')}{exc}") from None
 
 
 def from_file(path: Path | None) -> Thresholds:
