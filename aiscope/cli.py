@@ -500,6 +500,9 @@ def publish_command(
 
     target = location.parse(to, "--to")
     check_segment_seconds(segment)
+    for flag, value in (("--lateness", lateness), ("--wait", wait)):
+        if not (math.isfinite(value) and value >= 0):  # a negative lateness publishes open rows
+            raise BadInput(f"{flag}: expected seconds, zero or more (got {value!r})")
     path = resolve_store(store) if store else default_store()
     if not path.is_file():
         raise BadInput(f"--store {path}: no such store (give a node store written by the agent)")

@@ -68,3 +68,21 @@ def test_the_agent_refuses_a_location_that_is_not_a_string(
     assert code == 2
     _one_error(err, "expected a string")
     assert not store.exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--lateness", "nan"), ("--lateness", "-5"), ("--lateness", "inf"), ("--wait", "nan")],
+)
+def test_publish_refuses_bad_seconds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str, value: str
+) -> None:
+    """``--lateness nan`` was a traceback; a negative lateness published intervals still open."""
+    target = tmp_path / "fleet"
+    store = tmp_path / "node.duckdb"
+    code, out, err = _run(
+        capsys, "publish", "--store", str(store), "--to", str(target), flag, value
+    )
+    assert code == 2 and out == ""
+    _one_error(err, flag)
+    assert not target.exists()
