@@ -285,6 +285,8 @@ def simulate_command(
     from sim.engine import simulate  # noqa: PLC0415
 
     path = _write_target(store, "simulate")
+    if not _STATE["debug"]:  # virtual GPUs' "not reported" fields (MIG parents): by design
+        logging.getLogger("agent.nvml").setLevel(logging.WARNING)
     with _progress(f"simulating {spec.name}") as update:
         result = simulate(spec, path, days=days, seed=seed, progress=update)
     typer.echo(

@@ -538,6 +538,7 @@ def simulate(
     workloads = build_workloads(scenario, seed)
     pods = pod_records(scenario, workloads, scenario.start_epoch + horizon)  # checked first
     store = Store(store_path, buffer_capacity_rows=1_000_000, extra_records=(GroundTruth,))
+    store.check_writable()  # an unwritable or foreign store: one error now, not after a day
     total_ticks = ticks * len(scenario.nodes)
     done = 0
     memory = "/dev/shm" if Path("/dev/shm").is_dir() else None  # memory-backed when possible

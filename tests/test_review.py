@@ -86,3 +86,22 @@ def test_publish_refuses_bad_seconds(
     assert code == 2 and out == ""
     _one_error(err, flag)
     assert not target.exists()
+
+
+@pytest.mark.parametrize("kind", ["not-duckdb", "unwritable"])
+def test_simulate_refuses_a_bad_store_before_simulating(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str
+) -> None:
+    """A store it could never write was found only at the first flush, after log lines and
+    the first simulated hours: now one line at once, the file untouched."""
+    if kind == "not-duckdb":
+        store = tmp_path / "garbage.duckdb"
+        store.write_bytes(b"garbage\n")
+    else:
+        store = tmp_path / "missing-dir" / "sub" / "s.duckdb"
+        store.parent.parent.write_text("a file, not a directory")
+    code, out, err = _run(capsys, "simulate", "mig", "--store", str(store), "--days", "1")
+    assert code == 2 and out == ""
+    _one_error(err, str(store))
+    if kind == "not-duckdb":
+        assert store.read_bytes() == b"garbage\n"
