@@ -30,11 +30,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-agent_app = typer.Typer(help="Run the per-node agent.", no_args_is_help=True)
-store_app = typer.Typer(help="Inspect a store.", no_args_is_help=True)
+agent_app = typer.Typer(
+    help="Run the per-node agent.\n\n\b\nExamples:\n"
+    "  aiscope agent run --store /var/lib/aiscope --listen 0.0.0.0:9835\n"
+    "  aiscope agent run --virtual-gpus 8 --store ./agent.duckdb --duration 60",
+    no_args_is_help=True,
+)
+store_app = typer.Typer(
+    help="Inspect a store.\n\n\b\nExamples:\n"
+    "  aiscope store info --store /var/lib/aiscope\n"
+    "  aiscope store info --store fleet/ --format json",
+    no_args_is_help=True,
+)
 app.add_typer(agent_app, name="agent")
 app.add_typer(store_app, name="store")
-import_app = typer.Typer(help="Import existing telemetry into a store.", no_args_is_help=True)
+import_app = typer.Typer(
+    help="Import existing telemetry into a store.\n\n\b\nExamples:\n"
+    "  aiscope import nvidia-smi node17-gpus.csv --store node17.duckdb --node node17\n"
+    "  aiscope import dcgm node1.prom --store fleet.duckdb\n"
+    "  aiscope import nvidia-smi-xml node1.xml --store node1.duckdb --utc-offset 2",
+    no_args_is_help=True,
+)
 app.add_typer(import_app, name="import")
 
 

@@ -105,3 +105,11 @@ def test_simulate_refuses_a_bad_store_before_simulating(
     _one_error(err, str(store))
     if kind == "not-duckdb":
         assert store.read_bytes() == b"garbage\n"
+
+
+@pytest.mark.parametrize("group", ["agent", "store", "import"])
+def test_command_groups_have_help_with_examples(
+    capsys: pytest.CaptureFixture[str], group: str
+) -> None:
+    code, out, _ = _run(capsys, group, "--help")
+    assert code == 0 and "Examples:" in out and f"aiscope {group} " in out
