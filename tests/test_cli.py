@@ -165,8 +165,13 @@ def test_agent_serves_metrics_and_store_reads_while_it_writes(tmp_path: Path) ->
     store, port = tmp_path / "node.duckdb", _free_port()
     agent = _start_agent(store, port)
     try:
-        text = _wait_for(lambda: _metrics(port) or "", what="/metrics")
-        assert "aiscope_gpu_up{" in text and "aiscope_gpu_utilization_ratio{" in text
+        # /metrics answers from the start; the GPUs' series appear with the first tick.
+        def with_gpus() -> str:
+            text = _metrics(port) or ""
+            return text if "aiscope_gpu_up{" in text else ""
+
+        text = _wait_for(with_gpus, what="/metrics with the GPUs")
+        assert "aiscope_gpu_utilization_ratio{" in text
         _wait_for(lambda: _rows(store) > 0, what="a first flush")
         # Read repeatedly while the agent keeps flushing every second: never blocked for good.
         counts = []
