@@ -589,15 +589,22 @@ def _fetch_cgroups(
 def _fetch_tenancy(
     con: duckdb.DuckDBPyConnection,
 ) -> tuple[dict[str, Tenant], dict[str, tuple[TenantBucket, ...]]]:
-    tenants: dict[str, Tenant] = {}
+    # Each tenant's identity as its first bucket (by GPU, then time) gives it, once; the
+    # buckets then carry only the tenant's name, one string shared by all of them.
+    tenants = {
+        name: Tenant(name, user, cgroup, cmd.strip(), ns, job)
+        for name, user, cgroup, cmd, ns, job in con.execute(
+            "SELECT tenant, usr, cg, cmd, ns, job FROM (SELECT *, row_number() OVER "
+            "(PARTITION BY tenant ORDER BY uuid, start) AS nth FROM tenancy) WHERE nth = 1 "
+            "ORDER BY uuid, start, tenant"
+        ).fetchall()
+    }
+    names = {name: name for name in tenants}
     tenancy: dict[str, list[TenantBucket]] = {}
-    for uuid, name, start, user, cgroup, cmd, mem, sm, ns, job in _rows(
-        con,
-        "SELECT uuid, tenant, start, usr, cg, cmd, mem, sm, ns, job FROM tenancy "
-        "ORDER BY uuid, start, tenant",
+    for uuid, name, start, mem, sm in _rows(
+        con, "SELECT uuid, tenant, start, mem, sm FROM tenancy ORDER BY uuid, start, tenant"
     ):
-        tenants.setdefault(name, Tenant(name, user, cgroup, cmd.strip(), ns, job))
-        tenancy.setdefault(uuid, []).append(TenantBucket(start, name, mem, sm))
+        tenancy.setdefault(uuid, []).append(TenantBucket(start, names[name], mem, sm))
     return tenants, {k: tuple(v) for k, v in tenancy.items()}
 
 

@@ -107,6 +107,7 @@ class _Ledger:
         self.gpu_cost = 0.0
         self.waste: dict[str, float] = {}
         self.models: dict[str, dict[str, Any]] = {}
+        self._owner_of: dict[str, tuple[str, str, str | None]] = {}
 
     # -- intervals --------------------------------------------------------------------------
 
@@ -166,7 +167,14 @@ class _Ledger:
     # -- owners -----------------------------------------------------------------------------
 
     def owner_of(self, tenant_name: str) -> tuple[str, str, str | None]:
-        """(owner, kind, member) of a workload; ``member`` names it within a team."""
+        """(owner, kind, member) of a workload; ``member`` names it within a team (worked out
+        once per workload: it is asked for every interval the workload held)."""
+        known = self._owner_of.get(tenant_name)
+        if known is None:
+            known = self._owner_of[tenant_name] = self._find_owner(tenant_name)
+        return known
+
+    def _find_owner(self, tenant_name: str) -> tuple[str, str, str | None]:
         tenant = self.ctx.data.tenants.get(tenant_name)
         if tenant is None:
             return UNATTRIBUTED, "unattributed", None
