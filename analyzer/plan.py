@@ -430,10 +430,10 @@ def _daily(demand: list[float | None], end: float) -> list[dict[str, Any]]:
 def _node_shape(hist: History, site: Site) -> dict[str, Any]:
     """The node a purchase is made of: GPUs per node (the fleet's most common, unless set) and
     its draw at the p95 of the fleet's own measured history, scaled to that size."""
-    per_node: dict[str, int] = defaultdict(int)
+    physical: dict[str, set[str]] = defaultdict(set)  # a node's MIG slices are one GPU's
     for g in hist.gpus:
-        per_node[g.node] += 1
-    sizes = sorted(per_node.values())
+        physical[g.node].add(g.parent_uuid or g.uuid)
+    sizes = sorted(len(uuids) for uuids in physical.values())
     common = max(set(sizes), key=lambda k: (sizes.count(k), k)) if sizes else 8
     gpus = site.gpus_per_node or common
     measured = hist.node_power_p95_watts

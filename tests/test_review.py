@@ -113,3 +113,27 @@ def test_command_groups_have_help_with_examples(
 ) -> None:
     code, out, _ = _run(capsys, group, "--help")
     assert code == 0 and "Examples:" in out and f"aiscope {group} " in out
+
+
+def test_a_purchase_node_counts_physical_gpus_not_mig_slices() -> None:
+    """``aiscope plan`` on the ``mig`` scenario bought "nodes of 7 GPUs at 0.47 kW": the node
+    shape counted each MIG slice as a GPU (and divided the node's draw by the slices)."""
+    from analyzer.load import GpuInfo, History
+    from analyzer.plan import Site, _node_shape
+
+    def slices(node: str, parent: str, n: int) -> list[GpuInfo]:
+        return [
+            GpuInfo(node, f"MIG-{parent}-{i}", 0, "A100", None, None, f"GPU-{parent}", "1g.10gb")
+            for i in range(n)
+        ]
+
+    gpus = [
+        GpuInfo("a", "GPU-a0", 0, "A100", None, None),  # the partitioned parent itself
+        *slices("a", "a0", 7),
+        *slices("a", "a1", 3),
+        *slices("b", "b0", 4),
+        GpuInfo("b", "GPU-b1", 1, "A100", None, None),
+    ]
+    shape = _node_shape(History(0.0, 3600.0, tuple(gpus), (), 800.0), Site())
+    assert shape["gpus"] == 2
+    assert shape["gpu_power_p95_watts"] == 400.0
