@@ -17,12 +17,14 @@ after the messages went out.
 from __future__ import annotations
 
 import json
+import math
 import os
 import smtplib
 import ssl
 import time
 import tomllib
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -115,7 +117,7 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ) -> Notif
 def _parse(t: dict[str, Any], where: str, env: Mapping[str, str]) -> NotifyConfig:
     cfg = NotifyConfig(
         smtp_host=_str(t, "smtp_host", where),
-        smtp_port=int(_num(t, "smtp_port", where, 587)),
+        smtp_port=_port(t, where),
         starttls=_bool(t, "starttls", where, True),
         smtp_tls=_bool(t, "smtp_tls", where, False),
         smtp_user=_str(t, "smtp_user", where),
@@ -153,8 +155,17 @@ def _check(cfg: NotifyConfig, where: str) -> None:
         raise NotifyConfigError(
             f"{where}: smtp_user is set without smtp_password_file or smtp_password_env"
         )
-    if cfg.webhook_url and not cfg.webhook_url.startswith(("https://", "http://")):
-        raise NotifyConfigError(f"{where}.webhook_url: expected an http(s) URL")
+    if cfg.webhook_url and not _http_url(cfg.webhook_url):  # "http://" has no host
+        raise NotifyConfigError(f"{where}.webhook_url: expected an http(s) URL with a host")
+
+
+def _http_url(url: str) -> bool:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _str(t: dict[str, Any], key: str, where: str) -> str | None:
@@ -166,9 +177,17 @@ def _str(t: dict[str, Any], key: str, where: str) -> str | None:
 
 def _num(t: dict[str, Any], key: str, where: str, default: float) -> float:
     value = t.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    bad = isinstance(value, bool) or not isinstance(value, int | float)
+    if bad or not (math.isfinite(value) and value > 0):  # nan passed "<= 0" and never matched
         raise NotifyConfigError(f"{where}.{key}: expected a positive number (got {value!r})")
     return float(value)
+
+
+def _port(t: dict[str, Any], where: str) -> int:
+    value = _num(t, "smtp_port", where, 587)
+    if not (value.is_integer() and value <= 65535):
+        raise NotifyConfigError(f"{where}.smtp_port: expected a port, 1-65535 (got {value:g})")
+    return int(value)
 
 
 def _bool(t: dict[str, Any], key: str, where: str, default: bool) -> bool:
@@ -513,6 +532,31 @@ def record_sent(path: Path, rows: list[NoticeSent], wait_seconds: float = 10.0) 
         store.close()
 
 
+def check_state(path: Path, wait_seconds: float = 10.0) -> None:
+    """The ``--state`` store can record the notices about to be sent: a notice sent and then
+    not recorded would be sent again on every run. A store not made yet needs a writable
+    directory (it is created only by the first notice recorded)."""
+    from agent.store import Store, StoreLocked  # noqa: PLC0415
+
+    if not path.exists():
+        if not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+            raise BadInput(f"--state {path}: cannot create the store there (no writable directory)")
+        return
+    deadline = time.monotonic() + wait_seconds
+    store = Store(path, extra_records=(NoticeSent,))
+    try:
+        while True:
+            try:
+                store.check_writable()
+                return
+            except StoreLocked:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+    finally:
+        store.close()
+
+
 def sent_before(path: Path, wait_seconds: float = 10.0) -> list[NoticeSent]:
     from agent.storefile import read_records  # noqa: PLC0415
 
@@ -548,6 +592,8 @@ def run(
     if dry:
         dry_run(box, say)
         return
+    if box.notices or again:
+        check_state(state, wait_seconds)  # before anything goes out, not after
     # A finding that goes on is still the one told: its newer span is kept, so a later window
     # that no longer reaches the first span still recognizes it.
     record_sent(state, [_sent(n, "", "seen", time.time()) for n in again], wait_seconds)

@@ -137,3 +137,41 @@ def test_a_purchase_node_counts_physical_gpus_not_mig_slices() -> None:
     shape = _node_shape(History(0.0, 3600.0, tuple(gpus), (), 800.0), Site())
     assert shape["gpus"] == 2
     assert shape["gpu_power_p95_watts"] == 400.0
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ('webhook_url = "http://"', "webhook_url"),
+        ('webhook_url = "http://hooks:x/"', "webhook_url"),
+        ('webhook_url = "http://h"\nidle_held_hours = nan', "idle_held_hours"),
+        ('webhook_url = "http://h"\nstarved_gpu_hours = inf', "starved_gpu_hours"),
+        ('webhook_url = "http://h"\nsmtp_port = 99999', "smtp_port"),
+        ('webhook_url = "http://h"\nsmtp_port = 25.5', "smtp_port"),
+    ],
+)
+def test_notify_refuses_settings_that_cannot_work(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, setting: str, key: str
+) -> None:
+    """A webhook without a host, a nan threshold (never reached, so nobody was ever told) and
+    a port past 65535 were accepted."""
+    config = tmp_path / "notify.toml"
+    config.write_text(f"[notify]\n{setting}\n")
+    missing = tmp_path / "no-such.duckdb"
+    code, out, err = _run(
+        capsys, "notify", "--store", str(missing), "--config", str(config), "--dry-run"
+    )
+    assert code == 2 and out == ""
+    _one_error(err, f"notify.{key}")
+
+
+def test_notify_checks_its_state_store_before_sending(tmp_path: Path) -> None:
+    """A notice sent and then not recorded (a --state in a missing directory) is sent again on
+    every run: the state is checked before anything goes out."""
+    from agent.errors import BadInput
+    from aiscope.notify import check_state
+
+    with pytest.raises(BadInput, match="--state"):
+        check_state(tmp_path / "no-such-dir" / "notify.duckdb")
+    check_state(tmp_path / "notify.duckdb")  # made by the first notice recorded
+    assert not (tmp_path / "notify.duckdb").exists()
