@@ -716,6 +716,7 @@ def _analysis(
     from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
 
+    _check_stores(store)
     _check_config(config)
     thresholds = from_file(config)
     accounting = accounting_from_file(config)
@@ -730,6 +731,12 @@ def _analysis(
         doc = analyze(store or [str(default_store())], since, wait, thresholds, accounting)
         update(1.0)
     return doc
+
+
+def _check_stores(store: list[str] | None) -> None:
+    """``--store ''`` (an unset variable in a script) meant the current directory's stores."""
+    if any(not value.strip() for value in store or []):
+        raise BadInput("--store: empty value (give a store file, a directory, a glob or a URL)")
 
 
 def _check_config(config: Path | None) -> None:
@@ -984,6 +991,8 @@ def job_command(
 
     if output_format not in ("text", "json"):
         raise BadInput(f"--format: expected text or json, got {output_format!r}")
+    if not job_id.strip():
+        raise BadInput("ID: empty (give a Slurm job id, a pod NAMESPACE/NAME or UID, or a unit)")
     doc = _job_document(job_id, store, since, wait, config, slurm, ended, node, allocated_gpus)
     typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_job(doc))
 
@@ -1011,6 +1020,7 @@ def _job_document(
     from analyzer.thresholds import from_file  # noqa: PLC0415
 
     allocated = _allocated(node, allocated_gpus)
+    _check_stores(store)
     _check_config(config)
     try:
         with _progress("analyzing") as update:
@@ -1243,6 +1253,7 @@ def _plan_document(
     parse_horizon(horizon)  # bad input before anything is read
     if since is not None:
         parse_horizon(since, "--since")
+    _check_stores(store)
     _check_config(config)
     thresholds, site = from_file(config), site_from_file(config)
     if source is not None:

@@ -175,3 +175,25 @@ def test_notify_checks_its_state_store_before_sending(tmp_path: Path) -> None:
         check_state(tmp_path / "no-such-dir" / "notify.duckdb")
     check_state(tmp_path / "notify.duckdb")  # made by the first notice recorded
     assert not (tmp_path / "notify.duckdb").exists()
+
+
+@pytest.mark.parametrize("command", [["analyze"], ["report"], ["plan"], ["job", "41006"]])
+def test_an_empty_store_value_is_refused(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+) -> None:
+    """``--store ''`` (an unset variable in a script) read every store under the current
+    directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stray.duckdb").write_bytes(b"")
+    code, out, err = _run(capsys, *command, "--store", "")
+    assert code == 2 and out == ""
+    _one_error(err, "--store: empty value")
+
+
+def test_an_empty_job_id_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = _run(capsys, "job", " ", "--store", str(tmp_path / "no-such.duckdb"))
+    assert code == 2 and out == ""
+    _one_error(err, "ID: empty")
