@@ -811,6 +811,7 @@ def report_command(
     )
     for target in out or []:
         check_out(target)  # before the analysis, which can take a while
+        _check_out_writable(target)  # and before any file: not one written, one refused
     doc = _analysis(store, since, wait, config, source)
     if source is None:
         _attach_plan(doc, store, wait, config)
@@ -825,6 +826,21 @@ def report_command(
         except OSError as exc:
             raise Failure(f"--out {target}: cannot write ({exc.strerror})") from exc
         typer.echo(f"wrote {target}")
+
+
+def _check_out_writable(target: Path) -> None:
+    """``--out``'s directory exists and is writable, or can be made in one that is."""
+    import os  # noqa: PLC0415
+
+    if target.is_dir():
+        raise Failure(f"--out {target}: cannot write (a directory)")
+    ancestor = target.parent.absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise Failure(f"--out {target}: cannot write ({ancestor} is not a directory)")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise Failure(f"--out {target}: cannot write (no permission in {ancestor})")
 
 
 @app.command("demo")

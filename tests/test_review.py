@@ -197,3 +197,19 @@ def test_an_empty_job_id_is_refused(capsys: pytest.CaptureFixture[str], tmp_path
     code, out, err = _run(capsys, "job", " ", "--store", str(tmp_path / "no-such.duckdb"))
     assert code == 2 and out == ""
     _one_error(err, "ID: empty")
+
+
+def test_report_refuses_an_unwritable_out_before_writing_any(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``--out ok.html --out FILE/x.md`` wrote ok.html, then failed on the second: now the
+    second is refused before the analysis, and nothing is written."""
+    (tmp_path / "afile").write_text("not a directory")
+    ok, bad = tmp_path / "ok.html", tmp_path / "afile" / "x.md"
+    missing = tmp_path / "no-such.duckdb"
+    code, out, err = _run(
+        capsys, "report", "--store", str(missing), "--out", str(ok), "--out", str(bad)
+    )
+    assert code == 1 and out == ""
+    _one_error(err, f"--out {bad}", "not a directory")
+    assert not ok.exists()
