@@ -1148,6 +1148,8 @@ def _allocated(node: str | None, gpus: str | None) -> tuple[str, tuple[int, ...]
 
     try:
         indexes = tuple(int(i) for i in gpus.split(",") if i.strip())
+        if any(i < 0 for i in indexes):
+            raise ValueError("a GPU index is 0 or more")
     except ValueError:
         raise BadInput(f"--allocated-gpus: expected GPU indexes like 0,1,3, got {gpus!r}") from None
     return (node or socket.gethostname().split(".")[0], indexes)

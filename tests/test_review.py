@@ -213,3 +213,12 @@ def test_report_refuses_an_unwritable_out_before_writing_any(
     assert code == 1 and out == ""
     _one_error(err, f"--out {bad}", "not a directory")
     assert not ok.exists()
+
+
+def test_allocated_gpus_refuses_a_negative_index(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = str(tmp_path / "no-such.duckdb")
+    code, out, err = _run(capsys, "job", "41006", "--store", missing, "--allocated-gpus=-1,2")
+    assert code == 2 and out == ""
+    _one_error(err, "--allocated-gpus")
