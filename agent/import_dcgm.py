@@ -431,7 +431,7 @@ def import_dcgm(
 ) -> ImportResult:
     """Read and check every file first (nothing is written if one is not a scrape), then
     merge everything into the store in one pass."""
-    if interval <= 0:
+    if not (math.isfinite(interval) and interval > 0):  # nan dated every scrape nan
         raise BadInput(f"--interval: expected a positive number of seconds, got {interval:g}")
     inputs = [item for p in paths for item in _inputs(p)]
     scrapes = [(read_scrapes(f, interval), fallback) for f, fallback in inputs]

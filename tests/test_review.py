@@ -222,3 +222,19 @@ def test_allocated_gpus_refuses_a_negative_index(
     code, out, err = _run(capsys, "job", "41006", "--store", missing, "--allocated-gpus=-1,2")
     assert code == 2 and out == ""
     _one_error(err, "--allocated-gpus")
+
+
+@pytest.mark.parametrize("interval", ["nan", "inf"])
+def test_import_dcgm_refuses_an_interval_that_is_not_a_number(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, interval: str
+) -> None:
+    """``--interval nan`` imported, then refused every row as dated "in the future", exit 0."""
+    scrape = tmp_path / "node1.prom"
+    scrape.write_text('DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1"} 50\n')
+    store = tmp_path / "node1.duckdb"
+    code, out, err = _run(
+        capsys, "import", "dcgm", str(scrape), "--store", str(store), "--interval", interval
+    )
+    assert code == 2 and out == ""
+    _one_error(err, "--interval")
+    assert not store.exists()
