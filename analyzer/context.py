@@ -66,7 +66,7 @@ class GpuView:
 
     def compute_free(self, b: Bucket, th: Thresholds) -> bool:
         """Held, and measured to run nothing (not merely unmeasured)."""
-        return self.held(b, th) and computed(b, self.ref, th) is False
+        return held(b, self.ref.memory_total_bytes, th) and computed(b, self.ref, th) is False
 
     def main_tenant(self, t: float) -> str | None:
         """The tenant holding the most memory at ``t``; in an interval without process samples

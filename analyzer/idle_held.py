@@ -111,14 +111,17 @@ def _runs(ctx: Context, view: GpuView) -> list[_Run]:
     current: list[Bucket] = []
     holder: str | None = None
     for b in view.buckets:
-        who = holders(view, b.start)
+        idle = _idle(ctx, view, b)
+        if not idle and not current:  # most buckets: nothing to extend, nothing to close
+            continue
+        who = holders(view, b.start) if idle else None
         contiguous = bool(current) and b.start - current[-1].start <= step
-        if _idle(ctx, view, b) and (not current or (who == holder and contiguous)):
+        if idle and (not current or (who == holder and contiguous)):
             current.append(b)
             holder = who
             continue
         _close(ctx, current, holder, runs)
-        current, holder = ([b], who) if _idle(ctx, view, b) else ([], None)
+        current, holder = ([b], who) if idle else ([], None)
     _close(ctx, current, holder, runs)
     return runs
 

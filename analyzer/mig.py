@@ -95,7 +95,7 @@ def fold(
 def _without_power(gpu: GpuInfo, buckets: list[Bucket]) -> GpuInfo:
     for i, b in enumerate(buckets):
         if b.power_watts is not None:
-            buckets[i] = dataclasses.replace(b, power_watts=None)
+            buckets[i] = b._replace(power_watts=None)
     return dataclasses.replace(gpu, power_limit_watts=None)
 
 
@@ -146,7 +146,7 @@ def _apportion(
             i = own[g.uuid]
             if i is not None:
                 mine = watts - floor if g.uuid == owner else 0.0 if idle else None
-                buckets[g.uuid][i] = dataclasses.replace(buckets[g.uuid][i], power_watts=mine)
+                buckets[g.uuid][i] = buckets[g.uuid][i]._replace(power_watts=mine)
     return {
         g.uuid: dataclasses.replace(
             g, power_limit_watts=span * (slices(g.mig_profile) or 1) / COMPUTE_SLICES
