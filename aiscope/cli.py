@@ -250,7 +250,9 @@ def _print_store_info(info: dict[str, Any]) -> None:
         )
     for mark in info.get("published", []):
         if mark["table"] == "gpu_samples":  # the rest: --format json
-            typer.echo(f"published to {mark['location']}: GPU samples up to {mark['until']}")
+            where, daily, _ = mark["location"].partition("#daily")  # the whole-day segments
+            what = "GPU samples in whole days" if daily else "GPU samples"
+            typer.echo(f"published to {where}: {what} up to {mark['until']}")
 
 
 @app.command("simulate")

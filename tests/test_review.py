@@ -238,3 +238,19 @@ def test_import_dcgm_refuses_an_interval_that_is_not_a_number(
     assert code == 2 and out == ""
     _one_error(err, "--interval")
     assert not store.exists()
+
+
+def test_store_info_text_names_the_location_without_its_internal_suffix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The text form printed the watermark key ``/fleet#daily`` as if it were a location."""
+    from aiscope.cli import _print_store_info
+
+    marks = [
+        {"location": "/fleet", "table": "gpu_samples", "until": "2026-12-01T01:00:00Z"},
+        {"location": "/fleet#daily", "table": "gpu_samples", "until": "2026-12-01T00:00:00Z"},
+    ]
+    _print_store_info({"path": "n.duckdb", "schema_version": 2, "tables": [], "published": marks})
+    out = capsys.readouterr().out
+    assert "#daily" not in out
+    assert "published to /fleet: GPU samples in whole days up to 2026-12-01T00:00:00Z" in out
