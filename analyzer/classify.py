@@ -107,6 +107,9 @@ class GpuVerdict:
     #: The segments' starts when they are in order and apart (they are, as classified): then
     #: :func:`class_at` bisects, which the detectors call for every bucket of every GPU.
     starts: tuple[float, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    #: :func:`class_at`'s answers so far: the summary, the detectors and the recommendations
+    #: each ask it for every bucket of the GPU.
+    answers: dict[float, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         segs = self.segments
@@ -116,6 +119,13 @@ class GpuVerdict:
 
 def class_at(verdict: GpuVerdict, t: float) -> str:
     """The class of the verdict's segment that holds ``t``; ``idle`` outside every segment."""
+    known = verdict.answers.get(t)
+    if known is None:
+        known = verdict.answers[t] = _class_at(verdict, t)
+    return known
+
+
+def _class_at(verdict: GpuVerdict, t: float) -> str:
     starts = verdict.starts
     if starts is None:
         return next((s.gpu_class for s in verdict.segments if s.start <= t < s.end), "idle")

@@ -109,9 +109,11 @@ def _timeline(data: FleetData, verdicts: list[GpuVerdict]) -> dict[str, Any]:
     for v in verdicts:
         per_hour: dict[int, Counter[str]] = {}
         for b in data.buckets.get(v.info.uuid, ()):
-            per_hour.setdefault(int((b.start - start) // HOUR), Counter())[
-                class_at(v, b.start)
-            ] += 1
+            slot = int((b.start - start) // HOUR)
+            classes = per_hour.get(slot)
+            if classes is None:  # one Counter per hour, not one per bucket
+                classes = per_hour[slot] = Counter()
+            classes[class_at(v, b.start)] += 1
         for slot, classes in per_hour.items():
             if 0 <= slot < slots:
                 counts[max(classes, key=lambda c: (classes[c], c))][slot] += 1

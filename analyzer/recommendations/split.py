@@ -227,7 +227,10 @@ def _classes_over_time(inputs: Inputs) -> dict[float, Counter[str]]:
     for v in inputs.verdicts:
         for b in inputs.data.buckets.get(v.info.uuid, ()):
             cls = class_at(v, b.start)
-            out.setdefault(b.start, Counter())[cls] += 1
+            at = out.get(b.start)
+            if at is None:  # one Counter per bucket start, not one per GPU and bucket
+                at = out[b.start] = Counter()
+            at[cls] += 1
     return out
 
 
