@@ -713,7 +713,6 @@ def _analysis(
 ) -> dict[str, Any]:
     """The analysis document of the stores (``--store``, else the default store), or of the
     ``--prometheus`` server (``source``)."""
-    from agent.config import default_store  # noqa: PLC0415
     from analyzer.analysis import analyze  # noqa: PLC0415
     from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
@@ -730,9 +729,21 @@ def _analysis(
             update(1.0)
         return doc
     with _progress("analyzing") as update:
-        doc = analyze(store or [str(default_store())], since, wait, thresholds, accounting)
+        doc = analyze(store or _default_stores(), since, wait, thresholds, accounting)
         update(1.0)
     return doc
+
+
+def _default_stores() -> list[str]:
+    """What the reading commands read without ``--store``: ``$AISCOPE_STORE`` taken as a
+    ``--store`` value (a directory is every store under it, a glob or a URL works), else the
+    per-user store."""
+    import os  # noqa: PLC0415
+
+    from agent.config import default_store  # noqa: PLC0415
+
+    env = os.environ.get("AISCOPE_STORE", "").strip()
+    return [env] if env else [str(default_store())]
 
 
 def _check_stores(store: list[str] | None) -> None:
@@ -1031,7 +1042,6 @@ def _job_document(
 
     if slurm:
         return read_summary(job_id)
-    from agent.config import default_store  # noqa: PLC0415
     from analyzer.job import UnknownJob, job_summary  # noqa: PLC0415
     from analyzer.load import InputError  # noqa: PLC0415
     from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
@@ -1043,7 +1053,7 @@ def _job_document(
     try:
         with _progress("analyzing") as update:
             doc = job_summary(
-                store or [str(default_store())],
+                store or _default_stores(),
                 job_id,
                 since,
                 wait,
@@ -1111,12 +1121,11 @@ def notify_command(
       aiscope notify --store fleet/ --config aiscope.toml --no-report --since 24h
       aiscope notify --store fleet/ --notify-config /run/secrets/aiscope-notify/notify.toml
     """
-    from agent.config import default_store  # noqa: PLC0415
     from aiscope import notify  # noqa: PLC0415
     from analyzer.load import expand, holdings, inputs  # noqa: PLC0415
 
     cfg = notify.load_config(notify_config or config)
-    stores = store or [str(default_store())]
+    stores = store or _default_stores()
     doc = _analysis(stores, since, wait, config)
     users = {h.tenant: h.user for h in holdings(inputs(stores), wait).holdings if h.user}
     notify.run(
@@ -1235,7 +1244,6 @@ def _attach_plan(
 ) -> None:
     """Put the capacity plan under ``doc["plan"]`` when it has a forecast (two weeks of history
     or more), for the report's capacity outlook; the week's classes come from the analysis."""
-    from agent.config import default_store  # noqa: PLC0415
     from analyzer.plan import plan, site_from_file  # noqa: PLC0415
     from report.outlook import has_outlook  # noqa: PLC0415
 
@@ -1243,7 +1251,7 @@ def _attach_plan(
     try:
         with _progress("planning") as update:
             result = plan(
-                store or [str(default_store())],
+                store or _default_stores(),
                 timeout=wait,
                 site=site_from_file(config),
                 classes=classes,
@@ -1266,7 +1274,6 @@ def _plan_document(
     queue: Path | None = None,
 ) -> dict[str, Any]:
     """The plan document of the stores, or of the ``--prometheus`` server (``source``)."""
-    from agent.config import default_store  # noqa: PLC0415
     from analyzer.plan import parse_horizon, plan, site_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
 
@@ -1284,9 +1291,7 @@ def _plan_document(
             update(1.0)
         return doc
     with _progress("planning") as update:
-        doc = plan(
-            store or [str(default_store())], horizon, since, wait, thresholds, site, queue=queue
-        )
+        doc = plan(store or _default_stores(), horizon, since, wait, thresholds, site, queue=queue)
         update(1.0)
     return doc
 

@@ -3,6 +3,7 @@ one ``aiscope:`` line naming the input, the contract's exit code, no traceback, 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,37 @@ def test_store_info_text_names_the_location_without_its_internal_suffix(
     out = capsys.readouterr().out
     assert "#daily" not in out
     assert "published to /fleet: GPU samples in whole days up to 2026-12-01T00:00:00Z" in out
+
+
+def _capture(path: Path) -> Path:
+    """A one-minute nvidia-smi capture of two GPUs."""
+    rows = ["timestamp, index, uuid, name, utilization.gpu [%], memory.used [MiB], power.draw [W]"]
+    for s in range(60):
+        rows += [
+            f"2026/11/20 10:00:{s:02d}.000, {g}, GPU-{path.stem}-{g}, NVIDIA H100 80GB HBM3, "
+            f"90 %, 70000 MiB, 600.0 W"
+            for g in range(2)
+        ]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_aiscope_store_is_read_as_a_store_value(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The contract: PATH defaults to $AISCOPE_STORE, and a directory means every node store
+    under it. The reading commands took a directory in $AISCOPE_STORE as the agent does
+    (<dir>/aiscope.duckdb: "no such store")."""
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    for node in ("node1", "node2"):
+        store = fleet / f"{node}.duckdb"
+        code, _, err = _run(
+            capsys, "import", "nvidia-smi", str(_capture(tmp_path / f"{node}.csv")),
+            "--store", str(store), "--node", node,
+        )  # fmt: skip
+        assert code == 0, err
+    monkeypatch.setenv("AISCOPE_STORE", str(fleet))
+    code, out, err = _run(capsys, "analyze")
+    assert code == 0, err
+    assert {g["node"] for g in json.loads(out)["gpus"]} == {"node1", "node2"}
