@@ -428,24 +428,18 @@ def _materialize_tenancy(
     con: duckdb.DuckDBPyConnection, aliases: list[str], start: float, end: float, bucket: int
 ) -> None:
     """Which tenant held memory on which GPU in each bucket (processes summed per tenant)."""
-    # Summed per scan first, then averaged over the bucket's scans: the same means as a sum over
-    # a count of distinct scan times, without a distinct count per group (a fleet's slowest step).
     con.execute(
-        "CREATE TABLE tenancy AS SELECT uuid, tenant, floor(ts / $b) * $b AS start, "
-        "any_value(usr) AS usr, any_value(cg) AS cg, any_value(cmd) AS cmd, "
-        "any_value(ns) AS ns, any_value(job) AS job, "
-        "sum(mem) / count(*) AS mem, sum(sm) / count(*) AS sm FROM ("
-        f"SELECT s.uuid, {TENANT_SQL} AS tenant, s.ts, any_value(p.user) AS usr, "
-        "any_value(p.cgroup) AS cg, "
+        f"CREATE TABLE tenancy AS SELECT s.uuid, {TENANT_SQL} AS tenant, "
+        "floor(s.ts / $b) * $b AS start, any_value(p.user) AS usr, any_value(p.cgroup) AS cg, "
         "any_value(coalesce(p.comm, '') || ' ' || coalesce(p.cmdline, '')) AS cmd, "
         "any_value(k.namespace) AS ns, any_value(p.slurm_job_id) AS job, "
-        "sum(s.used_memory_bytes) AS mem, sum(s.sm_utilization_ratio) AS sm "
+        "sum(s.used_memory_bytes) / count(DISTINCT s.ts) AS mem, "
+        "sum(s.sm_utilization_ratio) / count(DISTINCT s.ts) AS sm "
         f"FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) s "
         f"JOIN ({_union(aliases, sf.PROCESSES)}) p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
         f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid "
-        "WHERE s.ts > $s AND s.ts <= $e GROUP BY s.uuid, tenant, s.ts"
-        ") GROUP BY uuid, tenant, 3",
+        "WHERE s.ts > $s AND s.ts <= $e GROUP BY s.uuid, tenant, 3",
         {"b": bucket, "s": start, "e": end},
     )
 
