@@ -205,7 +205,7 @@ def inputs(patterns: list[str]) -> list[sf.Input]:
     published segments (``s3://…``, ``gs://…``, ``az://…``), and directories holding segments
     (``table=…`` folders), with the node stores under them too."""
     out: list[sf.Input] = []
-    for pattern in patterns:
+    for pattern in _globbed(patterns):
         if sf.is_location_url(pattern):
             out.append(sf.parse_location(pattern))
             continue
@@ -214,6 +214,18 @@ def inputs(patterns: list[str]) -> list[sf.Input]:
             out.extend(p for p in _stores_beside_segments(pattern) if p not in out)
             continue
         out.extend(p for p in expand([pattern]) if p not in out)
+    return out
+
+
+def _globbed(patterns: list[str]) -> list[str]:
+    """Local globs expanded first, so a glob may match fleet locations (segment directories)
+    as well as node stores; one that matches nothing is left for :func:`expand` to report."""
+    out: list[str] = []
+    for pattern in patterns:
+        if not sf.is_location_url(pattern) and glob.has_magic(pattern):
+            out.extend(sorted(glob.glob(pattern)) or [pattern])
+        else:
+            out.append(pattern)
     return out
 
 

@@ -289,3 +289,24 @@ def test_aiscope_store_is_read_as_a_store_value(
     code, out, err = _run(capsys, "analyze")
     assert code == 0, err
     assert {g["node"] for g in json.loads(out)["gpus"]} == {"node1", "node2"}
+
+
+def test_a_glob_may_match_fleet_locations(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``--store 'fleet-*'`` matching directories of published segments was "no store
+    (*.duckdb) under this directory": a glob was expanded as node stores only."""
+    store = tmp_path / "node1.duckdb"
+    code, _, err = _run(
+        capsys, "import", "nvidia-smi", str(_capture(tmp_path / "node1.csv")),
+        "--store", str(store), "--node", "node1",
+    )  # fmt: skip
+    assert code == 0, err
+    code, _, err = _run(
+        capsys, "publish", "--store", str(store), "--to", str(tmp_path / "fleet-a"),
+        "--lateness", "0",
+    )  # fmt: skip
+    assert code == 0, err
+    code, out, err = _run(capsys, "analyze", "--store", str(tmp_path / "fleet-*"))
+    assert code == 0, err
+    assert {g["node"] for g in json.loads(out)["gpus"]} == {"node1"}
