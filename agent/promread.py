@@ -151,6 +151,8 @@ def _read_secret(path: Path, flag: str) -> str:
         return path.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise PrometheusBadInput(f"{flag} {path}: cannot read ({exc.strerror})") from exc
+    except UnicodeDecodeError:
+        raise PrometheusBadInput(f"{flag} {path}: not a text file") from None
 
 
 def _auth_headers(source: PrometheusSource) -> dict[str, str]:

@@ -102,6 +102,8 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ) -> Notif
         raise NotifyConfigError(f"--config {path}: cannot read ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise NotifyConfigError(f"--config {path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise NotifyConfigError(f"--config {path}: not a text file (a TOML config)") from None
     table = data.get("notify")
     if not isinstance(table, dict):
         raise NotifyConfigError(f"--config {path}: no [notify] table (see docs/deploy.md)")
@@ -219,6 +221,8 @@ def _secret(
             raise NotifyConfigError(
                 f"{where}.{name}_file: cannot read {path} ({exc.strerror})"
             ) from None
+        except UnicodeDecodeError:
+            raise NotifyConfigError(f"{where}.{name}_file: {path} is not a text file") from None
     if var is not None:
         if not env.get(var):
             raise NotifyConfigError(f"{where}.{name}_env: the variable {var} is not set")

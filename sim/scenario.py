@@ -130,6 +130,8 @@ def load(name_or_path: str) -> Scenario:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path}: not a text file (a scenario .toml expected)") from None
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
     try:

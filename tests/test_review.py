@@ -310,3 +310,38 @@ def test_a_glob_may_match_fleet_locations(
     code, out, err = _run(capsys, "analyze", "--store", str(tmp_path / "fleet-*"))
     assert code == 0, err
     assert {g["node"] for g in json.loads(out)["gpus"]} == {"node1"}
+
+
+BINARY = b"\x7fELF\x02\x01\x01\x00\xf0\x9f\x28\x8c\xff\xfe" * 8
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["simulate", "{bin}", "--store", "{tmp}/s.duckdb"], "not a text file"),
+        (["notify", "--store", "{tmp}/n.duckdb", "--config", "{bin}"], "not a text file"),
+        (["notify", "--store", "{tmp}/n.duckdb", "--notify-config", "{bin}"], "not a text file"),
+        (["notify", "--store", "{tmp}/n.duckdb", "--config", "{tmp}/secret.toml"], "text file"),
+        (
+            ["analyze", "--prometheus", "http://127.0.0.1:1", "--prometheus-bearer-token-file",
+             "{bin}"],
+            "--prometheus-bearer-token-file",
+        ),
+        (
+            ["plan", "--prometheus", "http://127.0.0.1:1", "--prometheus-basic-auth", "u:{bin}"],
+            "--prometheus-basic-auth",
+        ),
+    ],
+)  # fmt: skip
+def test_a_binary_file_where_text_is_expected_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], needle: str
+) -> None:
+    """A binary scenario, notify config, secret file or Prometheus token file was a
+    UnicodeDecodeError traceback (exit 1)."""
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(BINARY)
+    (tmp_path / "secret.toml").write_text(f'[notify]\nwebhook_url_file = "{binary}"\n')
+    argv = [a.format(bin=binary, tmp=tmp_path) for a in args]
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and out == ""
+    _one_error(err, needle)
