@@ -519,6 +519,8 @@ def publish_command(
     from analyzer.analysis import parse_duration  # noqa: PLC0415
 
     target = location.parse(to, "--to")
+    if target.is_local:
+        _check_directory_writable(Path(target.root), f"--to {to}")
     check_segment_seconds(segment)
     for flag, value in (("--lateness", lateness), ("--wait", wait)):
         if not (math.isfinite(value) and value >= 0):  # a negative lateness publishes open rows
@@ -843,17 +845,23 @@ def report_command(
 
 def _check_out_writable(target: Path) -> None:
     """``--out``'s directory exists and is writable, or can be made in one that is."""
+    if target.is_dir():
+        raise BadInput(f"--out {target}: cannot write (a directory)")
+    _check_directory_writable(target.parent, f"--out {target}")
+
+
+def _check_directory_writable(directory: Path, what: str) -> None:
+    """``directory`` is one, writable, or can be made in one that is: bad input (exit 2) found
+    before any work, as for a store the agent or a simulation cannot write."""
     import os  # noqa: PLC0415
 
-    if target.is_dir():
-        raise Failure(f"--out {target}: cannot write (a directory)")
-    ancestor = target.parent.absolute()
+    ancestor = directory.absolute()
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise Failure(f"--out {target}: cannot write ({ancestor} is not a directory)")
+        raise BadInput(f"{what}: cannot write ({ancestor} is not a directory)")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise Failure(f"--out {target}: cannot write (no permission in {ancestor})")
+        raise BadInput(f"{what}: cannot write (no permission in {ancestor})")
 
 
 @app.command("demo")

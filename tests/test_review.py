@@ -203,15 +203,15 @@ def test_an_empty_job_id_is_refused(capsys: pytest.CaptureFixture[str], tmp_path
 def test_report_refuses_an_unwritable_out_before_writing_any(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """``--out ok.html --out FILE/x.md`` wrote ok.html, then failed on the second: now the
-    second is refused before the analysis, and nothing is written."""
+    """``--out ok.html --out FILE/x.md`` wrote ok.html, then failed on the second (exit 1):
+    now the second is bad input refused before the analysis, and nothing is written."""
     (tmp_path / "afile").write_text("not a directory")
     ok, bad = tmp_path / "ok.html", tmp_path / "afile" / "x.md"
     missing = tmp_path / "no-such.duckdb"
     code, out, err = _run(
         capsys, "report", "--store", str(missing), "--out", str(ok), "--out", str(bad)
     )
-    assert code == 1 and out == ""
+    assert code == 2 and out == ""
     _one_error(err, f"--out {bad}", "not a directory")
     assert not ok.exists()
 
@@ -345,3 +345,16 @@ def test_a_binary_file_where_text_is_expected_is_one_line(
     code, out, err = _run(capsys, *argv)
     assert code == 2 and out == ""
     _one_error(err, needle)
+
+
+def test_publish_refuses_a_directory_it_cannot_write_before_reading_the_store(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``--to FILE/fleet`` failed after exporting the first segment (exit 1)."""
+    (tmp_path / "afile").write_text("not a directory")
+    target = tmp_path / "afile" / "fleet"
+    code, out, err = _run(
+        capsys, "publish", "--store", str(tmp_path / "no-such.duckdb"), "--to", str(target)
+    )
+    assert code == 2 and out == ""
+    _one_error(err, f"--to {target}", "not a directory")
