@@ -862,6 +862,12 @@ def _check_directory_writable(directory: Path, what: str) -> None:
         raise BadInput(f"{what}: cannot write ({ancestor} is not a directory)")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise BadInput(f"{what}: cannot write (no permission in {ancestor})")
+    import tempfile  # noqa: PLC0415
+
+    try:  # root passes os.access anywhere: try (a nameless file, gone when closed)
+        tempfile.TemporaryFile(dir=ancestor).close()
+    except OSError as exc:
+        raise BadInput(f"{what}: cannot write in {ancestor} ({exc.strerror})") from None
 
 
 @app.command("demo")

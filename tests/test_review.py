@@ -358,3 +358,16 @@ def test_publish_refuses_a_directory_it_cannot_write_before_reading_the_store(
     )
     assert code == 2 and out == ""
     _one_error(err, f"--to {target}", "not a directory")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("command", ["report", "publish"])
+def test_a_directory_nobody_can_write_is_bad_input(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    """/proc refuses new files even to root, whom os.access lets through: the check tries."""
+    store = str(tmp_path / "no-such.duckdb")
+    flag, target = ("--out", "/proc/aiscope.html") if command == "report" else ("--to", "/proc/x")
+    code, out, err = _run(capsys, command, "--store", store, flag, target)
+    assert code == 2 and out == ""
+    _one_error(err, f"{flag} {target}: cannot write")
