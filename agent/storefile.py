@@ -213,7 +213,10 @@ def _table_names(con: duckdb.DuckDBPyConnection) -> set[str]:
 def check_tables(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Refuse a store (the current database) that lacks a table readers rely on."""
     try:
-        missing = [t for t in REQUIRED_TABLES if t not in _table_names(con)]
+        # Listed once: the catalog query scans every attached store's tables, so one query
+        # per required table made attaching a fleet of stores quadratic.
+        names = _table_names(con)
+        missing = [t for t in REQUIRED_TABLES if t not in names]
     except duckdb.Error as exc:
         raise damaged(path, exc) from None
     if missing:
