@@ -216,7 +216,7 @@ def _spans(
     }
     if not spans:
         raise InputError(
-            f"job {job.tenant}: last seen {iso(job.end)}, before the analysis window "
+            f"{job.tenant}: last seen {iso(job.end)}, before the analysis window "
             f"({doc['window']['start']}); widen --since"
         )
     if allocated is not None:

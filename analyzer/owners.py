@@ -432,7 +432,8 @@ def _evidence(o: _Owner, total: float) -> list[str]:
             f"{o.basis.get('alone', 0.0):.1f} GPU-h held alone"
         )
     elif o.name not in (UNOWNED, UNATTRIBUTED):
-        out.append(f"{total:.1f} GPU-hours on {len(o.gpus)} GPUs, none shared")
+        gpus = f"{len(o.gpus)} GPU" + ("" if len(o.gpus) == 1 else "s")
+        out.append(f"{total:.1f} GPU-hours on {gpus}, none shared")
     if o.members and o.kind == "team":
         out.append("team of " + ", ".join(sorted(o.members)))
     return out
