@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.storefile import Input
+from analyzer import configfile
 from analyzer import forecast as fc
 from analyzer.analysis import iso, parse_duration
 from analyzer.classify import classify
@@ -106,16 +106,7 @@ def site_from_file(path: Path | None) -> Site:
     """The ``[site]`` table of a TOML config file (defaults when ``path`` is ``None``)."""
     if path is None:
         return Site()
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"--config {path}: cannot read ({exc.strerror})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"--config {path}: not valid TOML ({exc})") from None
-    table = data.get("site", {})
-    if not isinstance(table, dict):
-        raise InputError(f"--config {path}: [site] must be a table")
-    return site_from_mapping(table, f"{path}: site")
+    return site_from_mapping(configfile.table(path, "site"), f"{path}: site")
 
 
 def site_from_mapping(table: Mapping[str, Any], where: str = "site") -> Site:

@@ -30,12 +30,12 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analyzer import configfile
 from analyzer.load import InputError
 
 #: What a team rule may name: ``KIND:PATTERN``.
@@ -135,13 +135,7 @@ def from_file(path: Path | None) -> Accounting:
     """The ``[owners]`` and ``[prices]`` tables of a TOML config file (empty when ``None``)."""
     if path is None:
         return Accounting()
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"--config {path}: cannot read ({exc.strerror})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"--config {path}: not valid TOML ({exc})") from None
-    return from_mapping(data, where=str(path))
+    return from_mapping(configfile.read(path), where=str(path))
 
 
 def from_mapping(data: Mapping[str, Any], where: str = "config") -> Accounting:

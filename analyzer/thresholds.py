@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analyzer import configfile
 from analyzer.load import InputError
 
 
@@ -172,13 +172,4 @@ def from_file(path: Path | None) -> Thresholds:
     """The ``[thresholds]`` table of a TOML config file (defaults when ``path`` is ``None``)."""
     if path is None:
         return Thresholds()
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"--config {path}: cannot read ({exc.strerror})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"--config {path}: not valid TOML ({exc})") from None
-    table = data.get("thresholds", {})
-    if not isinstance(table, dict):
-        raise InputError(f"--config {path}: [thresholds] must be a table")
-    return from_mapping(table, where=f"{path}: thresholds")
+    return from_mapping(configfile.table(path, "thresholds"), where=f"{path}: thresholds")
