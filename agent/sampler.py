@@ -171,15 +171,16 @@ class Sampler:
         """Sample every GPU and the host once, and buffer the records."""
         started = time.perf_counter()
         now = self._clock()
-        if not self._driver_up and now >= self._driver_retry_at:
-            self._open_driver(now)
-        if self._driver_up and now - self._mig_checked_at >= MIG_CHECK_SECONDS:
-            self._mig_checked_at = now
-            self._check_mig_layouts(now)
-        gpu_samples = self._sample_gpus(now)
-        self._drain_events()
-        host, net = self._host.sample(now)
-        self._store.add([*gpu_samples, host, *net])
+        with self._store.sampling(now):  # rows dated now are on their way until added
+            if not self._driver_up and now >= self._driver_retry_at:
+                self._open_driver(now)
+            if self._driver_up and now - self._mig_checked_at >= MIG_CHECK_SECONDS:
+                self._mig_checked_at = now
+                self._check_mig_layouts(now)
+            gpu_samples = self._sample_gpus(now)
+            self._drain_events()
+            host, net = self._host.sample(now)
+            self._store.add([*gpu_samples, host, *net])
         with self._lock:
             self._counters.ticks += 1
             self._counters.gpu_samples += sum(1 for s in gpu_samples if s.up)
@@ -302,23 +303,14 @@ class Sampler:
     def scan_processes(self) -> None:
         """List the processes on every GPU that is up, attribute them, sample their cgroups."""
         now = self._clock()
-        found: list[GpuProcess] = []
-        live = [s for s in self._gpus if s.up]
-        results = self._runner.run_batch(
-            "processes", [(s.gpu.uuid, partial(self._nvml.processes, s.gpu)) for s in live]
-        )
-        for state, result in zip(live, results, strict=True):
-            if isinstance(result, (GpuLost, DeadlineExceeded, DriverUnavailable)):
-                self._mark_down(state, now, result)
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                found += [self._process(state.gpu.uuid, r.pid, now, r) for r in result]
-        cgroups = self._host.cgroups(
-            now, [p.attribution.cgroup for p in found if p.attribution and p.attribution.cgroup]
-        )
-        identities = [self._identity(p, now) for p in found if p.attribution]
-        self._store.add([p.sample for p in found] + identities + cgroups)
+        with self._store.sampling(now):  # rows dated now are on their way until added
+            found = self._scan(now)
+            cgroups = self._host.cgroups(
+                now,
+                [p.attribution.cgroup for p in found if p.attribution and p.attribution.cgroup],
+            )
+            identities = [self._identity(p, now) for p in found if p.attribution]
+            self._store.add([p.sample for p in found] + identities + cgroups)
         seen = {(p.sample.pid, p.sample.start_ticks) for p in found}
         self._attribution = {k: v for k, v in self._attribution.items() if k in seen}
         with self._lock:
@@ -386,6 +378,22 @@ class Sampler:
         except NvmlError as exc:
             log.warning("XID events unavailable: %s", exc)
             self._event_set = None
+
+    def _scan(self, now: float) -> list[GpuProcess]:
+        """The processes on every GPU that is up (a GPU that fails is marked down)."""
+        found: list[GpuProcess] = []
+        live = [s for s in self._gpus if s.up]
+        results = self._runner.run_batch(
+            "processes", [(s.gpu.uuid, partial(self._nvml.processes, s.gpu)) for s in live]
+        )
+        for state, result in zip(live, results, strict=True):
+            if isinstance(result, (GpuLost, DeadlineExceeded, DriverUnavailable)):
+                self._mark_down(state, now, result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                found += [self._process(state.gpu.uuid, r.pid, now, r) for r in result]
+        return found
 
     def _record_xid(self, event: XidEvent) -> None:
         log.error("XID %d on GPU %s", event.code, event.uuid)

@@ -20,6 +20,7 @@ parameters.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -240,6 +241,9 @@ class Store:
         self.rollup_retention_seconds = rollup_retention_seconds
         self._buffer = _Buffer(buffer_capacity_rows)
         self._lock = threading.Lock()
+        #: Sampling passes in flight (a token each): the time their rows will carry.
+        self._sampling: dict[int, float] = {}
+        self._tokens = itertools.count()
         self._write_lock = threading.Lock()
         self._initialized = False
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -280,9 +284,25 @@ class Store:
                 last_flush_ok=self._last_ok,
             )
 
+    @contextmanager
+    def sampling(self, ts: float) -> Iterator[None]:
+        """A sampling pass dated ``ts`` is reading the hardware: until it has added its rows,
+        :meth:`oldest_buffered_ts` counts them as buffered, so what waits for buffered rows (the
+        rollups, the publisher's closed intervals) never closes an interval under a slow tick."""
+        with self._lock:
+            token = next(self._tokens)
+            self._sampling[token] = ts
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._sampling[token]
+
     def oldest_buffered_ts(self) -> float | None:
+        """The oldest row not yet in the store file: buffered, or being sampled."""
         with self._lock:
             heads = [q[0][1][0] for q in self._buffer.rows.values() if q]
+            heads += self._sampling.values()
         return min(heads) if heads else None
 
     # -- writing -------------------------------------------------------------------------------

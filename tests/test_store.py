@@ -244,3 +244,21 @@ def test_store_info_on_a_file_that_is_not_a_store_is_bad_input(tmp_path: Path, c
     assert main(["store", "info", "--store", str(csv)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"aiscope: {csv}: not a readable aiscope store")
+
+
+def test_a_sampling_pass_in_flight_counts_as_buffered(tmp_path: Path) -> None:
+    """A tick reads the hardware before it adds its rows: while it does, the publisher and the
+    rollups must not close its interval (a slow tick's rows were published late, then lost
+    when the agent stopped before republishing)."""
+    store = Store(tmp_path / "s.duckdb")
+    store.add([HostSample(ts=200.0, node="n", cpu_busy_ratio=0.1)])
+    assert store.oldest_buffered_ts() == 200.0
+    with store.sampling(150.0):
+        assert store.oldest_buffered_ts() == 150.0
+        with store.sampling(120.0):
+            assert store.oldest_buffered_ts() == 120.0
+        assert store.oldest_buffered_ts() == 150.0
+    assert store.oldest_buffered_ts() == 200.0
+    store.flush()
+    assert store.oldest_buffered_ts() is None
+    store.close()
