@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -1324,13 +1325,16 @@ def _progress(label: str) -> Iterator[Callable[[float], None]]:
 
 
 def _write_target(store: Path | None, command: str) -> Path:
-    """The store a simulation or an import writes: ``--store`` only, never the agent's default
-    store (simulated or imported samples mixed into a node's own would be misread as its own)."""
+    """The store a simulation or an import writes: ``--store``, or ``$AISCOPE_STORE`` (a store
+    the user named), never the per-user default the agent writes (simulated or imported samples
+    mixed into a node's own would be misread as its own)."""
+    if store is None and os.environ.get("AISCOPE_STORE"):
+        store = Path(os.environ["AISCOPE_STORE"])
     if store is None:
         example = command.rsplit(maxsplit=1)[-1]
         raise BadInput(
-            f"{command}: --store is required (e.g. --store {example}.duckdb); it never writes "
-            "into the agent's store"
+            f"{command}: --store is required (e.g. --store {example}.duckdb, or set "
+            "AISCOPE_STORE); it never writes into the agent's default store"
         )
     from agent.config import resolve_store  # noqa: PLC0415
 

@@ -256,6 +256,28 @@ def test_writers_need_an_explicit_store_or_write_only_there(
     assert not (tmp_path / "xdg").exists()
 
 
+@pytest.mark.parametrize("writer", sorted(set(WRITERS) - {"agent run"}))
+def test_writers_take_the_store_named_in_aiscope_store(
+    writer: str,
+    capture: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """$AISCOPE_STORE names a store as --store does (CONTRACT: PATH defaults to it): only the
+    per-user default, the agent's, is never written by a simulation or an import."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    named = tmp_path / "named.duckdb"
+    monkeypatch.setenv("AISCOPE_STORE", str(named))
+    argv = WRITERS[writer](tmp_path / "x.duckdb", capture)
+    i = argv.index("--store")
+    argv = argv[:i] + argv[i + 2 :]
+    rc, _, err = run(capsys, *argv)
+    assert rc == 0, err
+    assert named.exists() and not (tmp_path / "x.duckdb").exists()
+    assert not (tmp_path / "xdg").exists()
+
+
 @pytest.mark.parametrize(
     "where", ["/proc/aiscope-cannot-write/agent.duckdb", "/proc/agent.duckdb", "{tmp}/f/a.duckdb"]
 )
