@@ -9,8 +9,8 @@ from typing import Any
 
 from agent.storefile import Input
 from analyzer.classify import GpuVerdict, classify
-from analyzer.context import Finding, to_json
-from analyzer.findings import find_all
+from analyzer.context import Finding, context, to_json
+from analyzer.findings import run as run_detectors
 from analyzer.load import FleetData, InputError, inputs, load
 from analyzer.mig import mig_json
 from analyzer.owners import account
@@ -50,9 +50,10 @@ def analyze(
     paths: list[Input] = inputs(stores)
     data = load(paths, seconds, timeout=timeout)
     verdicts = classify(data, thresholds)
-    results = find_all(data, verdicts, thresholds)
+    ctx = context(data, verdicts, thresholds or Thresholds())  # one for detectors and owners
+    results = run_detectors(ctx)
     recommendations, skipped = run_all(data, verdicts, results.findings)
-    books = account(data, verdicts, results.findings, thresholds, accounting)
+    books = account(ctx, results.findings, accounting)
     findings = []
     for f, owned in zip(results.findings, books.findings, strict=True):
         entry = to_json(f, iso)

@@ -20,10 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from analyzer import idle_held, neighbors, starved
-from analyzer.classify import GpuVerdict
-from analyzer.context import Context, Detected, Finding, context
-from analyzer.load import FleetData
-from analyzer.thresholds import Thresholds
+from analyzer.context import Context, Detected, Finding
 
 Detector = Callable[[Context, frozenset[tuple[str, float]]], Detected]
 
@@ -61,10 +58,3 @@ def run(ctx: Context) -> Results:
         explained |= out.explained
     ordered = sorted(found, key=lambda f: (-f.gpu_hours_lost, f.kind, f.node, f.gpu, f.start))
     return Results(tuple(ordered), waiting, by_detector)
-
-
-def find_all(
-    data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds | None = None
-) -> Results:
-    """Every finding in the window."""
-    return run(context(data, verdicts, thresholds or Thresholds()))

@@ -30,13 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.schema import GpuClass
-from analyzer.classify import CLASSES, GpuVerdict
-from analyzer.context import CARRY_SECONDS, Context, Finding, GpuView, context
+from analyzer.classify import CLASSES
+from analyzer.context import CARRY_SECONDS, Context, Finding, GpuView
 from analyzer.idle_held import NO_PROCESS
-from analyzer.load import Bucket, FleetData, Tenant, TenantBucket
+from analyzer.load import Bucket, Tenant, TenantBucket
 from analyzer.mig import COMPUTE_SLICES, slices
 from analyzer.prices import Accounting
-from analyzer.thresholds import Thresholds
 
 UNOWNED = "(unowned)"
 UNATTRIBUTED = "(unattributed)"
@@ -80,14 +79,10 @@ class Books:
 
 
 def account(
-    data: FleetData,
-    verdicts: list[GpuVerdict],
-    findings: tuple[Finding, ...],
-    thresholds: Thresholds | None = None,
-    accounting: Accounting | None = None,
+    ctx: Context, findings: tuple[Finding, ...], accounting: Accounting | None = None
 ) -> Books:
-    """Account every GPU-interval of the window to an owner, and price it."""
-    ctx = context(data, verdicts, thresholds or Thresholds())
+    """Account every GPU-interval of the window (the detectors' context, ``ctx``) to an
+    owner, and price it."""
     ledger = _Ledger(ctx, accounting or Accounting())
     for view in ctx.views.values():
         ledger.add_gpu(view)
