@@ -737,16 +737,18 @@ def _analysis(
     return doc
 
 
+def _named_store() -> str | None:
+    """The store the user named in ``$AISCOPE_STORE`` (``None`` when unset or blank)."""
+    return os.environ.get("AISCOPE_STORE", "").strip() or None
+
+
 def _default_stores() -> list[str]:
     """What the reading commands read without ``--store``: ``$AISCOPE_STORE`` taken as a
     ``--store`` value (a directory is every store under it, a glob or a URL works), else the
     per-user store."""
-    import os  # noqa: PLC0415
-
     from agent.config import default_store  # noqa: PLC0415
 
-    env = os.environ.get("AISCOPE_STORE", "").strip()
-    return [env] if env else [str(default_store())]
+    return [_named_store() or str(default_store())]
 
 
 def _check_stores(store: list[str] | None) -> None:
@@ -1328,8 +1330,9 @@ def _write_target(store: Path | None, command: str) -> Path:
     """The store a simulation or an import writes: ``--store``, or ``$AISCOPE_STORE`` (a store
     the user named), never the per-user default the agent writes (simulated or imported samples
     mixed into a node's own would be misread as its own)."""
-    if store is None and os.environ.get("AISCOPE_STORE"):
-        store = Path(os.environ["AISCOPE_STORE"])
+    named = _named_store()
+    if store is None and named is not None:
+        store = Path(named)
     if store is None:
         example = command.rsplit(maxsplit=1)[-1]
         raise BadInput(
