@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.redact import redact_argv
-from agent.schema import Process
+from store.schema import Process
 
 _SLURM_JOB = re.compile(r"/job_(\d+)(?:/|$)")
 _POD_SYSTEMD = re.compile(r"-pod([0-9a-f_]{36})\.slice")

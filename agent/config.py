@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BadInput
+from store.errors import BadInput
 
 DEFAULT_LISTEN = "127.0.0.1:9835"
 STORE_FILE_NAME = "aiscope.duckdb"
@@ -164,8 +164,8 @@ PUBLISH_KEYS = {
 
 
 def _location(text: str) -> str:
-    """A LOCATION, checked (:func:`agent.location.parse`) and kept as the user wrote it."""
-    from agent.location import BadLocation, parse  # noqa: PLC0415
+    """A LOCATION, checked (:func:`store.location.parse`) and kept as the user wrote it."""
+    from store.location import BadLocation, parse  # noqa: PLC0415
 
     try:
         parse(text)

@@ -23,7 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agent.errors import AiscopeError
+from store.errors import AiscopeError
 
 T = TypeVar("T")
 

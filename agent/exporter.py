@@ -23,11 +23,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from agent.errors import Failure
-from agent.schema import Device, GpuAnalysis, GpuSample
 from agent.snapshot import GpuProcess, Snapshot
 from agent.store import StoreStats
-from agent.vocabulary import DCGM_GAUGES, DCGM_LABELS
+from store.errors import Failure
+from store.schema import Device, GpuAnalysis, GpuSample
+from store.vocabulary import DCGM_GAUGES, DCGM_LABELS
 
 #: A MIG instance's GPU-instance id and profile, under dcgm-exporter's label names so that
 #: dashboards written for it join; empty (no label) on a whole GPU.

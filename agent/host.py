@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from agent.schema import CgroupSample, HostSample, NetSample
+from store.schema import CgroupSample, HostSample, NetSample
 
 _IB_WORD_BYTES = 4
 _SKIP_NICS = ("lo",)

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import AiscopeError
-from agent.schema import Pod
+from store.errors import AiscopeError
+from store.schema import Pod
 
 log = logging.getLogger(__name__)
 

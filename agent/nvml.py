@@ -42,8 +42,8 @@ from typing import Any
 
 import pynvml
 
-from agent.errors import AiscopeError
-from agent.schema import Device, GpuSample
+from store.errors import AiscopeError
+from store.schema import Device, GpuSample
 
 log = logging.getLogger(__name__)
 

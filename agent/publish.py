@@ -17,7 +17,7 @@ Exactly once: the store keeps a watermark per (location, table) (``publish_water
 exports ``[watermark, closed)``, uploads every segment, and only then moves the watermark. A run
 killed in between repeats the same interval next time, and since a segment's name is made from
 (node, table, interval), the retry overwrites the same objects instead of adding copies. Each
-segment appears whole or not at all (:func:`agent.location.put`). The pruner keeps every row
+segment appears whole or not at all (:func:`store.location.put`). The pruner keeps every row
 past the watermark, whatever the retention says.
 
 "Closed" means no more rows can arrive for it: older than ``lateness_seconds`` (the agent flushes
@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from agent import location as loc
-from agent.errors import BadInput
 from agent.store import PUBLISH_TIME_COLUMNS, PublishState, SegmentFile, Store, StoreError
+from store import location as loc
+from store.errors import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def publish(
     ``location``. ``since`` is how far back a table that was never published starts (default:
     its oldest row). A day is compacted into whole-day segments once its end is
     ``settle_seconds`` behind the watermark; ``published`` collects each segment's rows (for
-    :func:`republish_late`). Raises :class:`agent.location.LocationError` or
+    :func:`republish_late`). Raises :class:`store.location.LocationError` or
     :class:`agent.store.StoreError`; what was published before the failure stays published."""
     state = store.publish_state(location.url, TABLES, since if since is not None else 0.0)
     until = math.floor(closed_before / segment_seconds) * segment_seconds

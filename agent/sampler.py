@@ -37,15 +37,15 @@ from agent.nvml import (
     ProcessReading,
     XidEvent,
 )
-from agent.schema import (
+from agent.snapshot import GpuProcess, Snapshot
+from agent.store import Store
+from store.schema import (
     AgentEvent,
     Device,
     GpuSample,
     Process,
     ProcessSample,
 )
-from agent.snapshot import GpuProcess, Snapshot
-from agent.store import Store
 
 log = logging.getLogger(__name__)
 

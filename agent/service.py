@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from agent.config import AgentConfig
-from agent.errors import Failure
 from agent.exporter import MetricsServer
 from agent.sampler import Sampler
 from agent.schedule import Job, Scheduler
 from agent.store import Store, StoreError, StoreLocked
+from store.errors import Failure
 
 log = logging.getLogger(__name__)
 

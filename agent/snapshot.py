@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.schema import (
+from store.schema import (
     CgroupSample,
     Device,
     GpuSample,

@@ -35,7 +35,7 @@ from typing import Any
 import duckdb
 
 from agent.redact import redact_cmdline
-from agent.schema import (
+from store.schema import (
     ALL_RECORDS,
     KEYED_RECORDS,
     ROLLUP_COLUMNS,
@@ -50,7 +50,7 @@ from agent.schema import (
     create_table_sql,
     rollup_table_sql,
 )
-from agent.storefile import (
+from store.storefile import (
     CONFIG,
     EARLIEST_TS,
     NotAStore,

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agent.errors import AiscopeError
+from store.errors import AiscopeError
 
 ENV = "AISCOPE_AGENTD_SPEC"
 

@@ -31,17 +31,17 @@ from agent.nvml import Nvml
 from agent.sampler import Sampler
 from agent.service import Agent
 from agent.store import Store
-from agent.storefile import (
+from aiscope import __version__
+from aiscope.trailing import TrailingFailed, analyze_in_child
+from analyzer.load import InputError
+from analyzer.thresholds import Thresholds
+from store.storefile import (
     StoreError,
     connect_read_only,
     publish_watermarks,
     table_summary,
     verify,
 )
-from aiscope import __version__
-from aiscope.trailing import TrailingFailed, analyze_in_child
-from analyzer.load import InputError
-from analyzer.thresholds import Thresholds
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,8 @@ POD_REFRESH_SECONDS = 60.0
 
 def _publisher(config: AgentConfig, store: Store) -> Any:
     """The agent's publish job (``--publish``): its own scheduler job, never the sampler's."""
-    from agent.location import parse  # noqa: PLC0415
     from agent.publish import PublishJob  # noqa: PLC0415
+    from store.location import parse  # noqa: PLC0415
 
     # Rows reach the buffer within a tick and leave it with a flush; the job also waits for
     # the oldest buffered row, so a margin of two of each covers a row in flight.
@@ -190,7 +190,7 @@ def describe_store(
 ) -> dict[str, Any]:
     """Schema version and per-table row counts and spans, read while the agent may be writing.
     With ``verify_rows`` every value of every table is read first, so a damaged store is
-    refused (:class:`agent.storefile.NotAStore`) instead of reported as healthy."""
+    refused (:class:`store.storefile.NotAStore`) instead of reported as healthy."""
     con = connect_read_only(path, timeout_seconds=wait_seconds)
     try:
         row = con.execute("SELECT value FROM meta WHERE key = ?", ["schema_version"]).fetchone()

@@ -33,9 +33,9 @@ from email.utils import formatdate, make_msgid
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BadInput, Failure
-from agent.schema import NoticeSent
 from analyzer.notices import Notice, NoticeRules
+from store.errors import BadInput, Failure
+from store.schema import NoticeSent
 
 GIB = float(1 << 30)
 
@@ -562,7 +562,7 @@ def check_state(path: Path, wait_seconds: float = 10.0) -> None:
 
 
 def sent_before(path: Path, wait_seconds: float = 10.0) -> list[NoticeSent]:
-    from agent.storefile import read_records  # noqa: PLC0415
+    from store.storefile import read_records  # noqa: PLC0415
 
     if not path.exists():  # a --state store of its own, before its first notice
         return []

@@ -1,6 +1,6 @@
 """``--prometheus URL``: analyze a window read from a Prometheus server.
 
-The reader (:mod:`agent.promread`) writes the window into a temporary store; the ordinary
+The reader (:mod:`ingest.prometheus`) writes the window into a temporary store; the ordinary
 analysis then runs on it, so the analyzer does not know where its data came from. The document
 gains a ``source`` note: the server, the vocabulary read and what that vocabulary lacks.
 """
@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.promread import PrometheusSource, read
 from agent.store import Store
 from analyzer.analysis import analyze, parse_duration
 from analyzer.load import bucket_for
 from analyzer.plan import Site, parse_horizon, plan
 from analyzer.prices import Accounting
 from analyzer.thresholds import Thresholds
+from ingest.prometheus import PrometheusSource, read
 
 
 def analyze_prometheus(

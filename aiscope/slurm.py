@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
-from agent.errors import BadInput, Failure
+from store.errors import BadInput, Failure
 
 PREFIX = "aiscope:"
 #: Seconds a Slurm client may take before we give up on it.

@@ -7,7 +7,7 @@ per-node agent is judged by its steady footprint. A child costs about 0.3 s of C
 every 10 minutes (0.0005 cores) and gives everything back when it exits.
 
 Protocol: the agent writes one JSON request on the child's stdin (store, window, thresholds)
-and reads a JSON list of :class:`agent.schema.GpuAnalysis` rows from its stdout. Exit 0: the
+and reads a JSON list of :class:`store.schema.GpuAnalysis` rows from its stdout. Exit 0: the
 rows; exit 3: the window holds nothing to analyze; else the one ``aiscope:`` line on stderr says
 why.
 
@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.errors import AiscopeError, Failure
-from agent.schema import GpuAnalysis
 from analyzer.thresholds import Thresholds
+from store.errors import AiscopeError, Failure
+from store.schema import GpuAnalysis
 
 #: The child's exit code for "the window holds nothing to analyze" (not a failure).
 EMPTY = 3

@@ -7,7 +7,6 @@ import datetime as dt
 import re
 from typing import Any
 
-from agent.storefile import Input
 from analyzer.classify import GpuVerdict, classify
 from analyzer.context import Finding, context, to_json
 from analyzer.findings import run as run_detectors
@@ -19,6 +18,7 @@ from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
 from analyzer.summary import sparkline, summarize, top_actions
 from analyzer.thresholds import Thresholds
+from store.storefile import Input
 
 SCHEMA = "aiscope.analysis/1"
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")

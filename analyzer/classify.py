@@ -44,11 +44,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.schema import GpuClass
 from analyzer import mig
 from analyzer.load import Bucket, FleetData, GpuInfo
 from analyzer.reference import PowerRef, computed, held, references
 from analyzer.thresholds import Thresholds
+from store.schema import GpuClass
 
 CLASSES = tuple(GpuClass)
 #: A blip shorter than this many buckets belongs to its neighbour.

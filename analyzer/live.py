@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.schema import GpuAnalysis
 from analyzer.classify import classify
 from analyzer.context import Context, Finding, context
 from analyzer.findings import run
 from analyzer.idle_held import holders
 from analyzer.load import load
 from analyzer.thresholds import Thresholds
+from store.schema import GpuAnalysis
 
 
 def trailing(

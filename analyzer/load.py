@@ -19,10 +19,10 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from agent import storefile as sf
-from agent.errors import BadInput
-from agent.schema import CgroupSample, Device, GpuSample, HostSample, NetSample, ProcessSample
 from analyzer import mig
+from store import storefile as sf
+from store.errors import BadInput
+from store.schema import CgroupSample, Device, GpuSample, HostSample, NetSample, ProcessSample
 
 BUCKET_SECONDS = 300
 
@@ -331,7 +331,7 @@ def _window_end(
     itself and hide everything real, so they are left out (and counted). When every sample is
     that far ahead, it is this machine's clock that is behind (or the store is a simulation of
     days to come): the window then ends at the newest. Samples after 2100
-    (:data:`agent.storefile.LATEST_TS`) are never believed."""
+    (:data:`store.storefile.LATEST_TS`) are never believed."""
     row = con.execute(
         "SELECT count(*), min(ts) FILTER (WHERE ts <= $h), max(ts) FILTER (WHERE ts <= $h), "
         "max(ts) FILTER (WHERE ts <= $l), count(*) FILTER (WHERE ts > $l), "

@@ -15,7 +15,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from agent.schema import NoticeSent
+from store.schema import NoticeSent
 
 FIX = {
     "idle_held": (

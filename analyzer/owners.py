@@ -29,13 +29,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.schema import GpuClass
 from analyzer.classify import CLASSES
 from analyzer.context import CARRY_SECONDS, Context, Finding, GpuView
 from analyzer.idle_held import NO_PROCESS
 from analyzer.load import Bucket, Tenant, TenantBucket
 from analyzer.mig import COMPUTE_SLICES, slices
 from analyzer.prices import Accounting
+from store.schema import GpuClass
 
 UNOWNED = "(unowned)"
 UNATTRIBUTED = "(unattributed)"

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.storefile import Input
 from analyzer import configfile
 from analyzer import forecast as fc
 from analyzer.analysis import iso, parse_duration
@@ -42,6 +41,7 @@ from analyzer.load import History, InputError, history, inputs, load
 from analyzer.queue import Pending, read_pending
 from analyzer.recommendations.reservation import ReservationSettings
 from analyzer.thresholds import Thresholds
+from store.storefile import Input
 
 SCHEMA = "aiscope.plan/1"
 HOUR = 3600.0

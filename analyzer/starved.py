@@ -38,10 +38,10 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
-from agent.schema import FED_CLASSES
 from analyzer.changepoint import Straggler, find_straggler
 from analyzer.context import Context, Detected, Finding, GpuView, gpu_name
 from analyzer.load import Bucket, CgroupBucket, HostBucket
+from store.schema import FED_CLASSES
 
 NOISE = 0.05  # waiting below this share of an interval is measurement noise
 CLASSES = FED_CLASSES

@@ -59,7 +59,7 @@ PARTS = [
     (
         "store: first write (schema, one flush)",
         "from agent.store import Store\n"
-        "from agent.schema import HostSample\n"
+        "from store.schema import HostSample\n"
         "s = Store(__import__('pathlib').Path(STORE))\n"
         "s.add([HostSample(ts=1.0, node='n')])\n"
         "s.flush()",

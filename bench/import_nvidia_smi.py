@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.importer import import_files
 from agent.store import Store
+from ingest.importer import import_files
 
 HEADER = (
     "timestamp, index, uuid, name, pci.bus_id, utilization.gpu [%], utilization.memory [%], "

@@ -101,7 +101,8 @@ def main() -> None:
     parser.add_argument("--days", type=float, default=None, help="simulate fewer days")
     parser.add_argument("--interval", type=float, default=300.0, help="seconds between samples")
     args = parser.parse_args()
-    logging.getLogger("agent").setLevel(logging.CRITICAL)
+    for name in ("agent", "store"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     total: collections.Counter[str] = collections.Counter()
     started = time.monotonic()
     for path in sorted(HELDOUT.glob("*.toml")):

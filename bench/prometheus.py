@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.promread import PrometheusSource
 from aiscope.prometheus import analyze_prometheus
+from ingest.prometheus import PrometheusSource
 from tests.promserver import serve_backfill
 
 STEP = 300.0

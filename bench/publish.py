@@ -21,10 +21,10 @@ from pathlib import Path
 
 import duckdb
 
-from agent import location
 from agent.publish import publish
 from agent.store import Store
 from analyzer.load import inputs, load
+from store import location
 
 DAY = 86400.0
 END = 1_790_000_000.0  # a fixed end, so runs are comparable

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BadInput
+from store.errors import BadInput
 
 TOP_N = 15
 FORMATS = (".html", ".md", ".json")

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agent.schema import GpuClass
+from store.schema import GpuClass
 
 CLASS_ORDER: tuple[str, ...] = tuple(c.value for c in GpuClass)  # the contract's classes
 _UID = re.compile(r"\b([0-9a-f]{8})-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")

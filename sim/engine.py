@@ -26,7 +26,6 @@ from agent.attribution import ProcReader, pod_uid_from_cgroup
 from agent.host import HostReader
 from agent.nvml import Nvml
 from agent.sampler import Sampler
-from agent.schema import Pod
 from agent.store import Store
 from sim.host import VirtualHost
 from sim.profiles import MIG_COMPUTE_SLICES
@@ -53,6 +52,7 @@ from sim.workloads import (
     clamp,
     workload_class,
 )
+from store.schema import Pod
 
 GPU_IDLE = 0x1
 #: Ground truth marks checkpoint stalls as starvation (ranks wait while rank 0 writes) when they

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.errors import BadInput
+from store.errors import BadInput
 
 MIB = 1024 * 1024
 MIG_COMPUTE_SLICES = 7

@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BadInput
 from sim.profiles import PROFILES, DeviceProfile, MigProfile, mig_layout
 from sim.workloads import REGISTRY, Placement, Window, params_from, workload_class
+from store.errors import BadInput
 
 BUILTIN = Path(__file__).parent / "scenarios"
 FAULT_KINDS = ("lost", "xid", "driver_gone")

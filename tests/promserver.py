@@ -20,8 +20,8 @@ from typing import Any, TextIO
 
 import duckdb
 
-from agent.schema import GpuSample
-from agent.vocabulary import AISCOPE_VOCABULARY, DCGM_VOCABULARY, SeriesVocabulary
+from store.schema import GpuSample
+from store.vocabulary import AISCOPE_VOCABULARY, DCGM_VOCABULARY, SeriesVocabulary
 
 
 def free_port() -> int:

@@ -11,9 +11,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from agent.schema import ALL_RECORDS, ROLLUP_COLUMNS
 from analyzer.analysis import analyze, parse_duration
 from analyzer.load import InputError
+from store.schema import ALL_RECORDS, ROLLUP_COLUMNS
 from tests.conftest import REPO
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")

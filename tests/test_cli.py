@@ -343,7 +343,7 @@ def test_every_error_has_one_root_and_an_exit_code() -> None:
     import inspect
     import pkgutil
 
-    from agent.errors import AiscopeError, BadInput
+    from store.errors import AiscopeError, BadInput
 
     found = []
     for package in ("agent", "analyzer", "sim", "report", "aiscope"):

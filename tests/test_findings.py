@@ -13,7 +13,6 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from agent.schema import Device, GpuSample, HostSample, Process, ProcessSample
 from agent.store import Store
 from analyzer.analysis import analyze
 from analyzer.changepoint import find_straggler, mean_shift, strongest_excursion
@@ -21,6 +20,7 @@ from analyzer.load import InputError
 from analyzer.thresholds import Thresholds, from_file, from_mapping
 from sim.engine import simulate
 from sim.scenario import load as load_scenario
+from store.schema import Device, GpuSample, HostSample, Process, ProcessSample
 from tests.conftest import REPO, SHARED_DATA
 
 T0 = 1_764_000_000.0

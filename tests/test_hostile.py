@@ -24,10 +24,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.importer import import_files
-from agent.schema import GpuSample
 from agent.store import Store
 from aiscope.cli import main
+from ingest.importer import import_files
+from store.schema import GpuSample
 
 T0 = float(int(time.time()) - 2 * 86400)  # whole seconds: nvidia-smi prints milliseconds
 STAMP = "%Y/%m/%d %H:%M:%S"
@@ -841,7 +841,7 @@ def test_the_demo_says_when_it_used_stand_in_traces(
 ) -> None:
     """Without ../shared/data the demo's numbers differ from the README's: it says so, and
     names the stand-ins; with the data it names the files."""
-    from aiscope.cli import _echo_traces
+    from aiscope.cli.demo import echo_traces as _echo_traces
     from sim import traces
 
     loaders = (traces.arrivals, traces.diurnal, traces.step_times)
@@ -882,7 +882,7 @@ def test_random_torn_scrape_lines_never_swallow_a_good_line(
 ) -> None:
     """dcgm-exporter lines cut at random places, some with a stray quote or brace: every
     untouched line's sample is stored, and the import never fails."""
-    from agent.import_dcgm import import_dcgm
+    from ingest.dcgm import import_dcgm
 
     labels = '{gpu="0",UUID="GPU-9",Hostname="n9",modelName="NVIDIA H100 80GB HBM3"}'
     lines = [f"DCGM_FI_DEV_GPU_UTIL{labels} {k * 5} {int((T0 + 30 * k) * 1000)}" for k in range(12)]

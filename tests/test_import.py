@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.importer import ImportError_, import_files, sweep_gap_seconds
 from agent.store import Store
+from ingest.importer import ImportError_, import_files, sweep_gap_seconds
 from tests.conftest import FIXTURES, REPO
 from tests.conftest import query as _rows
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.import_dcgm import CaptureError, import_dcgm, parse_line, scrape_times
 from agent.store import Store
+from ingest.dcgm import CaptureError, import_dcgm, parse_line, scrape_times
 from tests.conftest import FIXTURES, SHARED_DATA
 from tests.conftest import query as _rows
 from tests.conftest import run_aiscope as _aiscope

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.import_dcgm import CaptureError
-from agent.import_xml import dump_time, import_xml
 from agent.store import Store
+from ingest.dcgm import CaptureError
+from ingest.smi_xml import dump_time, import_xml
 from tests.conftest import FIXTURES, SHARED_DATA
 from tests.conftest import query as _rows
 from tests.conftest import run_aiscope as _aiscope

@@ -12,9 +12,9 @@ from typing import ClassVar
 import pytest
 
 from agent.k8s import PodDirectory
-from agent.schema import Pod, Process, ProcessSample
 from agent.store import Store
 from analyzer.analysis import analyze
+from store.schema import Pod, Process, ProcessSample
 from tests.test_findings import T0, build_store
 
 UID = "5d1b4e00-6f1d-4d6e-9a57-2c1f0f1e3a9b"

@@ -15,12 +15,20 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.attribution import ProcReader
-from agent.errors import BadInput
 from agent.exporter import AgentCollector, DcgmCompatCollector, build_registry, render
 from agent.host import HostReader
 from agent.nvml import GpuLost, Nvml
 from agent.sampler import Sampler
-from agent.schema import (
+from agent.store import Store
+from analyzer.analysis import analyze
+from analyzer.load import Bucket, GpuInfo
+from analyzer.mig import fold
+from sim.engine import simulate
+from sim.profiles import mig_layout
+from sim.scenario import load as load_scenario
+from sim.vnvml import VirtualProcess, partition
+from store.errors import BadInput
+from store.schema import (
     ALL_RECORDS,
     ROLLUP_COLUMNS,
     SCHEMA_VERSION,
@@ -31,14 +39,6 @@ from agent.schema import (
     create_table_sql,
     rollup_table_sql,
 )
-from agent.store import Store
-from analyzer.analysis import analyze
-from analyzer.load import Bucket, GpuInfo
-from analyzer.mig import fold
-from sim.engine import simulate
-from sim.profiles import mig_layout
-from sim.scenario import load as load_scenario
-from sim.vnvml import VirtualProcess, partition
 from tests.conftest import FIXTURES, FakeClock, library, make_gpu, query, require_tool, run_aiscope
 
 NODE = "gpu-node-01"

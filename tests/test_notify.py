@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from agent.schema import NoticeSent
 from analyzer.notices import Notice, NoticeRules, choose, told
+from store.schema import NoticeSent
 
 PASSWORD = "s3cret-for-tests"
 

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.schema import Device, GpuSample, Process, ProcessSample
 from agent.store import Store
 from analyzer.analysis import analyze
 from analyzer.load import InputError, TenantBucket
@@ -27,6 +26,7 @@ from report.text import render as render_text
 from sim.engine import simulate
 from sim.scenario import ScenarioError
 from sim.scenario import load as load_scenario
+from store.schema import Device, GpuSample, Process, ProcessSample
 from tests.conftest import REPO, query, run_aiscope
 
 T0 = 1_764_000_000.0

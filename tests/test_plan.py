@@ -366,8 +366,8 @@ def test_plan_through_prometheus(tmp_path: Path, inference_day_store: Path) -> N
     promtool) and read back over the HTTP API: the same pools as from the store, each with
     not_enough_data for one day of history, and the source said. (Five weeks read this way gave
     the store's growth and saturation week; that run takes minutes, so the suite keeps a day.)"""
-    from agent.promread import PrometheusSource
     from aiscope.prometheus import plan_prometheus
+    from ingest.prometheus import PrometheusSource
     from tests.conftest import require_tool
     from tests.promserver import serve_backfill, store_to_openmetrics
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.schema import Device, GpuSample, HostSample, Process, ProcessSample
 from agent.store import Store
 from analyzer.analysis import analyze
+from store.schema import Device, GpuSample, HostSample, Process, ProcessSample
 
 T0 = 1_764_028_800.0  # a midnight, UTC
 GIB = 1 << 30
@@ -348,7 +348,7 @@ def test_a_new_memory_plateau_is_a_new_segment(tmp_path: Path) -> None:
 def test_a_corrupt_block_is_not_a_lock(tmp_path: Path) -> None:
     import duckdb
 
-    from agent.storefile import NotAStore, StoreLocked, wrap
+    from store.storefile import NotAStore, StoreLocked, wrap
 
     message = "Corrupt database file: computed checksum 1 (stored checksum 2) in block at 12288"
     err = wrap(tmp_path / "s.duckdb", duckdb.IOException(message))

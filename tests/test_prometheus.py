@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from agent.errors import AiscopeError
-from agent.promread import (
+from aiscope.cli import main
+from ingest.prometheus import (
     MAX_POINTS,
     Client,
     PrometheusBadInput,
@@ -25,8 +25,8 @@ from agent.promread import (
     parse_matchers,
     split_range,
 )
-from agent.vocabulary import AISCOPE_GAUGES
-from aiscope.cli import main
+from store.errors import AiscopeError
+from store.vocabulary import AISCOPE_GAUGES
 from tests.conftest import require_tool
 from tests.promserver import free_port, serve_backfill, store_to_openmetrics
 
@@ -290,7 +290,7 @@ class _StaleServer:
 def test_the_newest_sample_of_a_stale_series_is_found(age: float) -> None:
     """An exporter that stopped 20 minutes (or hours, days, a year) ago: its data still
     analyzes, ending at its newest sample."""
-    from agent.promread import newest_sample
+    from ingest.prometheus import newest_sample
 
     now = 1_800_000_000.0
     found = newest_sample(_StaleServer(now - age), "up", now)  # type: ignore[arg-type]

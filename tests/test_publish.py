@@ -23,14 +23,14 @@ from typing import Any
 import duckdb
 import pytest
 
-from agent import location as loc
 from agent.config import ConfigError, load_config
-from agent.errors import AiscopeError
 from agent.exporter import PublishCollector, build_registry, render
 from agent.publish import PublishJob, publish, relpath
-from agent.schema import GpuSample, HostSample
 from agent.store import PUBLISH_TIME_COLUMNS, Store
 from analyzer.analysis import analyze
+from store import location as loc
+from store.errors import AiscopeError
+from store.schema import GpuSample, HostSample
 from tests.conftest import REPO, require_tool, run_aiscope
 
 BUCKET = "fleet"

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from agent.importer import import_files
 from agent.redact import (
     REDACTED,
     is_secret_name,
@@ -24,8 +23,9 @@ from agent.redact import (
     redact_environment_entry,
     redact_text,
 )
-from agent.schema import Process, observed_process
 from agent.store import Store
+from ingest.importer import import_files
+from store.schema import Process, observed_process
 from tests.conftest import FIXTURES, query
 
 R = REDACTED

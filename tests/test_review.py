@@ -169,8 +169,8 @@ def test_notify_refuses_settings_that_cannot_work(
 def test_notify_checks_its_state_store_before_sending(tmp_path: Path) -> None:
     """A notice sent and then not recorded (a --state in a missing directory) is sent again on
     every run: the state is checked before anything goes out."""
-    from agent.errors import BadInput
     from aiscope.notify import check_state
+    from store.errors import BadInput
 
     with pytest.raises(BadInput, match="--state"):
         check_state(tmp_path / "no-such-dir" / "notify.duckdb")
@@ -245,7 +245,7 @@ def test_store_info_text_names_the_location_without_its_internal_suffix(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The text form printed the watermark key ``/fleet#daily`` as if it were a location."""
-    from aiscope.cli import _print_store_info
+    from aiscope.cli.store import print_store_info as _print_store_info
 
     marks = [
         {"location": "/fleet", "table": "gpu_samples", "until": "2026-12-01T01:00:00Z"},

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.schema import SCHEMA_VERSION, Device, GpuSample, HostSample, Process, as_row
 from agent.store import (
     SchemaMismatch,
     Store,
@@ -21,6 +20,7 @@ from agent.store import (
     StoreLocked,
     connect_read_only,
 )
+from store.schema import SCHEMA_VERSION, Device, GpuSample, HostSample, Process, as_row
 
 
 def _gpu(ts: float, util: float | None = 0.5, uuid: str = "GPU-a") -> GpuSample:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BadInput, Failure
+from store.errors import BadInput, Failure
 
 SCHEMES = ("s3", "gs", "az")
 _URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<bucket>[^/?#]*)(?P<prefix>/[^?#]*)?$")

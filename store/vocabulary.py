@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from agent.schema import Pod, Process, observed_process
+from store.schema import Pod, Process, observed_process
 
 #: dcgm-exporter's names, units and labels, for dashboards built on it (NVIDIA's Grafana
 #: dashboard 12239). Source: a real dcgm-exporter scrape (shared/data/dcgm-exporter-scrape) and
@@ -155,7 +155,7 @@ def mig_name(parent_name: str | None, profile: str | None) -> str | None:
     return f"{parent_name} MIG {profile}" if profile else f"{parent_name} MIG"
 
 
-# -- reading a Prometheus server (agent.promread): both vocabularies as one table -----------------
+# -- reading a Prometheus server (ingest.prometheus): both vocabularies as one table --------------
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 open and attach (with retry while the agent holds the file for a flush), the table names, and the
 errors that say what is wrong with a file.
 
-The analyzer imports this module and :mod:`agent.schema`, never the writer (:mod:`agent.store`);
+The analyzer imports this module and :mod:`store.schema`, never the writer (:mod:`agent.store`);
 an import-linter contract says so. All SQL takes its values as parameters; table and column names
 come from the schema's records, never from user input.
 """
@@ -18,10 +18,10 @@ from typing import Any, ParamSpec, TypeVar
 
 import duckdb
 
-from agent import location as loc
-from agent import schema as _schema
-from agent.errors import AiscopeError, BadInput
-from agent.schema import (
+from store import location as loc
+from store import schema as _schema
+from store.errors import AiscopeError, BadInput
+from store.schema import (
     ALL_RECORDS,
     ROLLUP_COLUMNS,
     SAMPLE_RECORDS,

@@ -10,7 +10,7 @@ labels) in a store, so the analysis that follows is the same one a store gets.
 How a window is read:
 
 * The vocabulary is aiscope's own ``aiscope_*`` series when the server has them, else
-  dcgm-exporter's ``DCGM_FI_*`` (``agent.vocabulary``: one table for both).
+  dcgm-exporter's ``DCGM_FI_*`` (``store.vocabulary``: one table for both).
 * The window ends at the newest sample of the vocabulary's utilization series (as the store path
   ends at the newest stored sample), and ``since`` is its length.
 * The analysis bucket comes from the caller (``bucket_for``: the analyzer's rule, injected so the
@@ -47,8 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BadInput, Failure
-from agent.schema import (
+from agent.store import Store, insert_rows
+from store.errors import BadInput, Failure
+from store.schema import (
     AgentEvent,
     Device,
     GpuSample,
@@ -59,8 +60,7 @@ from agent.schema import (
     ProcessSample,
     columns,
 )
-from agent.store import Store, insert_rows
-from agent.vocabulary import (
+from store.vocabulary import (
     NODE_EXPORTER_HOST,
     NODE_EXPORTER_INFINIBAND,
     SERIES_VOCABULARIES,

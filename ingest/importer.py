@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BadInput
-from agent.schema import (
+from agent.store import Store
+from store.errors import BadInput
+from store.schema import (
     Device,
     GpuSample,
     Process,
@@ -37,8 +38,7 @@ from agent.schema import (
     columns,
     observed_process,
 )
-from agent.store import Store
-from agent.storefile import EARLIEST_TS, latest_plausible_ts
+from store.storefile import EARLIEST_TS, latest_plausible_ts
 
 SOURCE = "nvidia-smi"
 NOT_REPORTED = {

@@ -14,7 +14,7 @@ interval). A directory of single-scrape files therefore gets each file at its ow
 sample's own timestamp always wins.
 
 ``DCGM_FI_*`` series map onto aiscope's columns through the one table in
-:mod:`agent.vocabulary`; unknown series are ignored. Labels: ``UUID`` (``gpu`` index otherwise)
+:mod:`store.vocabulary`; unknown series are ignored. Labels: ``UUID`` (``gpu`` index otherwise)
 identifies the GPU, ``Hostname`` the node unless ``--node`` is given, ``modelName``,
 ``pci_bus_id`` and ``DCGM_FI_DRIVER_VERSION`` describe the device. A MIG instance
 (``GPU_I_ID`` set) is its own device, uuid ``<parent UUID>/gi<GPU_I_ID>``, named like NVML names
@@ -45,11 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BadInput
-from agent.importer import ImportResult
-from agent.schema import AgentEvent, Device, GpuSample, ProcessSample, as_row
 from agent.store import Store
-from agent.vocabulary import (
+from ingest.importer import ImportResult
+from store.errors import BadInput
+from store.schema import AgentEvent, Device, GpuSample, ProcessSample, as_row
+from store.vocabulary import (
     DCGM_DEVICE_GAUGES,
     DCGM_XID,
     Holder,

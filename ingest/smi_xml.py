@@ -36,12 +36,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agent.import_dcgm import CaptureError, Records, read_text, write_records
-from agent.importer import ImportResult, converted, value
 from agent.redact import redact_argv
-from agent.schema import Device, GpuSample, Process, ProcessSample, observed_process
 from agent.store import Store
-from agent.vocabulary import mig_name, mig_uuid
+from ingest.dcgm import CaptureError, Records, read_text, write_records
+from ingest.importer import ImportResult, converted, value
+from store.schema import Device, GpuSample, Process, ProcessSample, observed_process
+from store.vocabulary import mig_name, mig_uuid
 
 SOURCE = "nvidia-smi-xml"
 _ROOT = "nvidia_smi_log"
