@@ -5,12 +5,17 @@ Two cases the telemetry can attribute:
 * **GPU co-tenants** (time-slicing or MPS): two tenants hold memory on one GPU at once. The
   victim's throughput proxy is its own SM utilization from NVML's per-process samples. Its solo
   level (before the aggressor arrived, or after it left) is compared with its level during the
-  overlap, the change point of its series must line up with the aggressor's arrival, and the two
-  tenants' series are correlated across the overlap (they trade time slices, so r < 0). When the
-  victim never ran alone around the overlap, on a saturated GPU where its co-tenant measurably
-  slowed, its slowdown is measured against its own solo history elsewhere (another time, another
-  GPU of the same model); with none, ``slowdown_ratio`` is ``None`` and the evidence says why
-  (interference is asymmetric: the co-tenant's figure is not the victim's).
+  overlap, and the change point of its series must line up with the aggressor's arrival.
+* **Co-started tenants** (or a victim that arrived second): no solo level on this GPU. When the
+  GPU is saturated, the victim is measured against its *workload's* solo level: any time the
+  same workload (:func:`analyzer.workload.identity`: the normalised command line or the pod
+  template, never the job id) ran alone on a GPU of the same model anywhere in the fleet. With
+  no such reference, ``slowdown_ratio`` is ``None`` and the evidence says why (interference is
+  asymmetric: the co-tenant's figure is not the victim's); that finding needs the victim to
+  hold at least an equal split of the busy GPU and its co-tenant not to be measured unharmed.
+  Pairs whose solo levels fit the device side by side are not a finding. The two tenants'
+  anti-correlation is claimed only when it is clear (``noisy_anticorrelation_max_r`` over at
+  least ``noisy_anticorrelation_min_samples`` intervals).
 * **Host CPU contention**: the node's CPUs saturate, because CPU outside the GPU jobs (or one
   GPU job's cgroup) rose. Each GPU job on that node whose throughput proxy (power above idle, or
   SM activity) dropped at the same time is a victim; the aggressor is whoever's CPU rose.
@@ -29,6 +34,7 @@ from analyzer.changepoint import mean_shift
 from analyzer.classify import pearson
 from analyzer.context import Context, Detected, Finding, GpuView, gpu_name, hours
 from analyzer.load import Bucket, HostBucket
+from analyzer.workload import identity
 
 BASELINE_SECONDS = 6 * 3600.0
 MIN_SOLO_LEVEL = 0.05  # a victim that barely computed alone cannot be slowed measurably
@@ -46,8 +52,9 @@ class _Overlap:
 def detect(ctx: Context, explained: frozenset[tuple[str, float]] = frozenset()) -> Detected:
     """Noisy neighbours; each finding explains its GPU's intervals within its window."""
     out: list[Finding] = []
+    solo = _solo_index(ctx)
     for view in ctx.views.values():
-        out += _co_tenants(ctx, view)
+        out += _co_tenants(ctx, view, solo)
     for node, host in sorted(ctx.data.hosts.items()):
         out += _host_cpu(ctx, node, host)
     windows = {
@@ -93,62 +100,135 @@ def _overlaps(ctx: Context, view: GpuView) -> list[_Overlap]:
     return out
 
 
-def _co_tenants(ctx: Context, view: GpuView) -> list[Finding]:
-    overlaps = _overlaps(ctx, view)
-    measured: dict[tuple[str, float], tuple[float, float, float]] = {}
-    for o in overlaps:
-        m = _measure(ctx, view, o)
-        if m is not None:
-            measured[(o.victim, o.start)] = m
-    out = []
-    for o in overlaps:
-        m = measured.get((o.victim, o.start))
-        if m is not None:
-            if m[0] >= ctx.thresholds.noisy_min_slowdown_ratio:
-                out.append(_co_tenant_finding(ctx, view, o, *m, "nearby"))
-            continue
-        # The victim never ran alone around the overlap. Interference is asymmetric (one job of
-        # a time-sliced pair can keep 0.88 of its solo speed while the other falls to 0.56), so
-        # the co-tenant's slowdown says nothing of the victim's: use the victim's own solo
-        # history elsewhere (another time, another GPU of the same model), else report the
-        # slowdown as unknown.
-        other = measured.get((o.aggressor, o.start))
-        if other is None or other[0] < ctx.thresholds.noisy_min_slowdown_ratio:
-            continue  # no measurable interference between them at all
-        if not _saturated(view, o):
-            continue
-        history = _solo_history(ctx, view, o)
-        if history is None:
-            out.append(_co_tenant_finding(ctx, view, o, None, None, None, "unknown"))
-        elif history[0] >= ctx.thresholds.noisy_min_slowdown_ratio:
-            out.append(_co_tenant_finding(ctx, view, o, *history, "history"))
+@dataclass(frozen=True, slots=True)
+class _Level:
+    """A tenant's slowdown: its solo level of SM utilization against its level while sharing."""
+
+    slowdown: float
+    solo: float
+    during: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Reference:
+    """Where a tenant's solo level came from, when not from its own GPU around the overlap."""
+
+    level: _Level
+    workload: str | None  # the workload identity matched, None when matched by tenant name
+    seconds: float  # how long the workload ran alone, all GPUs together
+    gpus: int
+    twins: tuple[str, ...]  # other tenants (jobs, pods) of the same workload it came from
+
+
+#: (workload key, GPU model) -> (GPU uuid, bucket start, tenant, SM utilization) of each bucket
+#: in which that workload was the GPU's only tenant.
+SoloIndex = dict[tuple[str, str | None], list[tuple[str, float, str, float]]]
+
+
+def _workload_key(ctx: Context, tenant: str) -> str:
+    """The tenant's workload identity (:func:`analyzer.workload.identity`), else its own name:
+    a tenant whose workload is unknown is compared only with itself."""
+    known = ctx.data.tenants.get(tenant)
+    found = identity(known) if known is not None else None
+    return found if found is not None else f"tenant {tenant}"
+
+
+def _solo_index(ctx: Context) -> SoloIndex:
+    out: SoloIndex = {}
+    keys: dict[str, str] = {}
+    for view in ctx.views.values():
+        for t, present in view.tenants.items():
+            if len(present) != 1 or present[0].sm_util is None:
+                continue
+            name = present[0].tenant
+            key = keys.setdefault(name, _workload_key(ctx, name))
+            out.setdefault((key, view.info.model), []).append(
+                (view.info.uuid, t, name, present[0].sm_util)
+            )
     return out
 
 
-def _solo_history(ctx: Context, view: GpuView, o: _Overlap) -> tuple[float, float, float] | None:
-    """The victim's slowdown against its own level when it ran alone anywhere in the window, on
-    this GPU or on another GPU of the same model; ``None`` when it never did."""
-    solo = [
-        tb.sm_util
-        for other in ctx.views.values()
-        if other.info.model == view.info.model
-        for t, present in other.tenants.items()
-        if len(present) == 1 and not (other is view and o.start <= t < o.end)
-        for tb in present
-        if tb.tenant == o.victim and tb.sm_util is not None
+def _co_tenants(ctx: Context, view: GpuView, solo: SoloIndex) -> list[Finding]:
+    overlaps = _overlaps(ctx, view)
+    nearby: dict[tuple[str, float], _Level] = {}
+    for o in overlaps:
+        m = _measure(ctx, view, o)
+        if m is not None:
+            nearby[(o.victim, o.start)] = m
+    out = []
+    for o in overlaps:
+        m = nearby.get((o.victim, o.start))
+        if m is None:
+            found = _without_nearby(ctx, view, o, nearby, solo)
+            out += [found] if found is not None else []
+        elif m.slowdown >= ctx.thresholds.noisy_min_slowdown_ratio:
+            out.append(_co_tenant_finding(ctx, view, o, m, None))
+    return out
+
+
+def _without_nearby(
+    ctx: Context,
+    view: GpuView,
+    o: _Overlap,
+    nearby: dict[tuple[str, float], _Level],
+    solo: SoloIndex,
+) -> Finding | None:
+    """The victim never ran alone around the overlap (the two started together, or it arrived
+    second). On a saturated GPU it is measured against the same workload's solo level on the
+    same GPU model anywhere in the fleet (issue #23); with none, the slowdown is unknown.
+    Interference is asymmetric (one job of a time-sliced pair can keep 0.88 of its solo speed
+    while the other falls to 0.56), so the co-tenant's figure is never the victim's."""
+    th = ctx.thresholds
+    if not _saturated(ctx, view, o):
+        return None  # their combined demand fits the device: consolidation
+    mine = _reference(ctx, view, o, o.victim, solo)
+    theirs = nearby.get((o.aggressor, o.start))
+    if theirs is None:
+        partner = _reference(ctx, view, o, o.aggressor, solo)
+        theirs = partner.level if partner is not None else None
+    demand = mine.level.solo + theirs.solo if mine is not None and theirs is not None else None
+    if demand is not None and demand < th.noisy_saturated_ratio:
+        return None  # their solo demands fit the device side by side
+    if mine is not None:
+        if mine.level.slowdown < th.noisy_min_slowdown_ratio:
+            return None
+        return _co_tenant_finding(ctx, view, o, mine.level, mine)
+    if theirs is not None and theirs.slowdown < th.noisy_min_slowdown_ratio:
+        return None  # the co-tenant kept its solo speed: nothing shows the two interfering
+    if not _capped(ctx, view, o):
+        return None  # it got less than an equal split of a busy GPU: all it asked for
+    return _co_tenant_finding(ctx, view, o, None, None)
+
+
+def _reference(
+    ctx: Context, view: GpuView, o: _Overlap, tenant: str, solo: SoloIndex
+) -> _Reference | None:
+    """``tenant``'s slowdown during ``o`` against its workload's level when it ran alone on a
+    GPU of the same model (any GPU, any time in the window); ``None`` when it never did for
+    at least ``noisy_min_seconds``, or barely computed alone."""
+    key = _workload_key(ctx, tenant)
+    alone = [
+        row
+        for row in solo.get((key, view.info.model), ())
+        if row[0] != view.info.uuid or not o.start <= row[1] < o.end
     ]
-    during = [v for t, v in _series(view, o.victim).items() if o.start <= t < o.end]
-    if len(solo) < 3 or len(during) < 3:
+    during = [v for t, v in _series(view, tenant).items() if o.start <= t < o.end]
+    seconds = len(alone) * ctx.data.bucket_seconds
+    if seconds < ctx.thresholds.noisy_min_seconds or len(alone) < 3 or len(during) < 3:
         return None
-    solo_level, during_level = statistics.fmean(solo), statistics.fmean(during)
+    solo_level = statistics.fmean(v for *_, v in alone)
     if solo_level < MIN_SOLO_LEVEL:
         return None
-    return 1.0 - during_level / solo_level, solo_level, during_level
+    during_level = statistics.fmean(during)
+    level = _Level(1.0 - during_level / solo_level, solo_level, during_level)
+    twins = tuple(sorted({name for _, _, name, _ in alone} - {tenant}))
+    workload = None if key.startswith("tenant ") else key
+    return _Reference(level, workload, seconds, len({u for u, *_ in alone}), twins)
 
 
-def _measure(ctx: Context, view: GpuView, o: _Overlap) -> tuple[float, float, float] | None:
-    """(slowdown, solo level, level during the overlap) of ``o.victim``, if it ran alone nearby
-    and the change in its series lines up with the overlap's start or end."""
+def _measure(ctx: Context, view: GpuView, o: _Overlap) -> _Level | None:
+    """The slowdown of ``o.victim``, if it ran alone nearby and the change in its series lines
+    up with the overlap's start or end."""
     mine = _series(view, o.victim)
     alone = {t for t, present in view.tenants.items() if len(present) == 1}
     solo = [
@@ -165,7 +245,7 @@ def _measure(ctx: Context, view: GpuView, o: _Overlap) -> tuple[float, float, fl
         return None
     if not _aligned(ctx, mine, o):
         return None
-    return 1.0 - during_level / solo_level, solo_level, during_level
+    return _Level(1.0 - during_level / solo_level, solo_level, during_level)
 
 
 def _aligned(ctx: Context, mine: dict[float, float], o: _Overlap) -> bool:
@@ -181,48 +261,106 @@ def _aligned(ctx: Context, mine: dict[float, float], o: _Overlap) -> bool:
     return (abs(at - o.start) <= near and dropped) or (abs(at - o.end) <= near and not dropped)
 
 
-def _saturated(view: GpuView, o: _Overlap) -> bool:
-    util = [b.util for b in view.buckets if o.start <= b.start < o.end and b.util is not None]
-    return bool(util) and statistics.fmean(util) >= 0.9
+def _busy(view: GpuView, o: _Overlap) -> list[float]:
+    """The GPU's utilization over the overlap; where it is not reported, the tenants' own SM
+    utilization summed (a time-sliced GPU is busy whenever one of them runs a kernel)."""
+    util = {
+        b.start: b.util for b in view.buckets if o.start <= b.start < o.end and b.util is not None
+    }
+    for t, present in view.tenants.items():
+        sm = [tb.sm_util for tb in present if tb.sm_util is not None]
+        if o.start <= t < o.end and t not in util and sm:
+            util[t] = min(sum(sm), 1.0)
+    return [util[t] for t in sorted(util)]
+
+
+def _saturated(ctx: Context, view: GpuView, o: _Overlap) -> bool:
+    busy = _busy(view, o)
+    return bool(busy) and statistics.fmean(busy) >= ctx.thresholds.noisy_saturated_ratio
+
+
+def _capped(ctx: Context, view: GpuView, o: _Overlap) -> bool:
+    """On a saturated GPU, ``o.victim`` got at least ``noisy_fair_share_ratio`` of an equal
+    split of the GPU's busy time: the time-slicer, not its own demand, set its level. A tenant
+    that asks for less than an equal split gets what it asks for and is not slowed by it."""
+    during = [v for t, v in _series(view, o.victim).items() if o.start <= t < o.end]
+    counts = [len(p) for t, p in view.tenants.items() if o.start <= t < o.end]
+    if not during or not counts:
+        return False
+    split = statistics.fmean(_busy(view, o)) / statistics.fmean(counts)
+    return statistics.fmean(during) >= ctx.thresholds.noisy_fair_share_ratio * split
 
 
 def _co_tenant_finding(
     ctx: Context,
     view: GpuView,
     o: _Overlap,
-    slowdown: float | None,
-    solo: float | None,
-    during: float | None,
-    baseline: str,
+    level: _Level | None,
+    reference: _Reference | None,
 ) -> Finding:
-    mine, theirs = _series(view, o.victim), _series(view, o.aggressor)
-    keys = sorted(t for t in mine if t in theirs and o.start <= t < o.end)
-    r = pearson([mine[k] for k in keys], [theirs[k] for k in keys]) if len(keys) > 3 else 0.0
-    util = [b.util for b in view.buckets if o.start <= b.start < o.end and b.util is not None]
+    th = ctx.thresholds
+    busy = _busy(view, o)
     evidence = [
         f"{o.victim} and {o.aggressor} shared {gpu_name(view)} for {hours(o.end - o.start)}; "
-        f"the GPU read {statistics.fmean(util) if util else 0:.0%} utilization",
+        f"the GPU read {statistics.fmean(busy) if busy else 0:.0%} utilization",
     ]
-    if slowdown is None or solo is None or during is None:
-        evidence.append(
-            f"{o.victim} never ran alone (here or on another {view.info.model or 'GPU'}), so its "
-            f"slowdown cannot be measured: slowdown_ratio is null. {o.aggressor} measurably "
-            "slowed down when they overlapped, and interference is asymmetric, so the "
-            "co-tenant's figure is not the victim's"
-        )
-    elif baseline == "history":
-        evidence.append(
-            f"{o.victim}'s own SM utilization was {solo:.0%} when it ran alone elsewhere in the "
-            f"window and {during:.0%} while sharing ({slowdown:.0%} slower)"
-        )
+    if level is None:
+        evidence += _unknown_evidence(ctx, view, o)
+    elif reference is not None:
+        evidence.append(_reference_evidence(view, o, level, reference))
     else:
         evidence.append(
-            f"{o.victim}'s own SM utilization fell from {solo:.0%} alone to {during:.0%} "
-            f"while sharing ({slowdown:.0%} slower), changing when {o.aggressor} arrived or left"
+            f"{o.victim}'s own SM utilization fell from {level.solo:.0%} alone to "
+            f"{level.during:.0%} while sharing ({level.slowdown:.0%} slower), changing when "
+            f"{o.aggressor} arrived or left"
         )
-    if len(keys) > 3:
-        evidence.append(f"their SM utilization moved against each other (r={r:.2f})")
+    r, points = _correlation(view, o)
+    clear = points >= th.noisy_anticorrelation_min_samples
+    if r is not None and clear and r <= th.noisy_anticorrelation_max_r:
+        evidence.append(
+            f"their SM utilization moved against each other (r={r:.2f} over {points} "
+            "intervals): they traded the GPU's time"
+        )
+    slowdown = level.slowdown if level is not None else None
     return _finding(view, o, "gpu", slowdown, ctx, tuple(evidence), r)
+
+
+def _correlation(view: GpuView, o: _Overlap) -> tuple[float | None, int]:
+    """Pearson's r of the two tenants' SM utilization over the overlap, and over how many
+    intervals; ``None`` when the series are too short or flat to say."""
+    mine, theirs = _series(view, o.victim), _series(view, o.aggressor)
+    keys = sorted(t for t in mine if t in theirs and o.start <= t < o.end)
+    xs, ys = [mine[k] for k in keys], [theirs[k] for k in keys]
+    if len(keys) < 3 or statistics.pstdev(xs) <= 1e-9 or statistics.pstdev(ys) <= 1e-9:
+        return None, len(keys)
+    return pearson(xs, ys), len(keys)
+
+
+def _reference_evidence(view: GpuView, o: _Overlap, level: _Level, ref: _Reference) -> str:
+    model = view.info.model or "GPU of this model"
+    where = f"on {ref.gpus} {model} GPU{'s' if ref.gpus != 1 else ''}"
+    if ref.workload is None or not ref.twins:
+        who = f"{o.victim} ran alone {where}"
+    else:
+        twins = ", ".join(ref.twins[:3]) + (" ..." if len(ref.twins) > 3 else "")
+        who = f"the same workload ({ref.workload}: {twins}) ran alone {where}"
+    return (
+        f"{who} for {hours(ref.seconds)} at {level.solo:.0%} SM utilization; {o.victim} ran at "
+        f"{level.during:.0%} while sharing ({level.slowdown:.0%} slower)"
+    )
+
+
+def _unknown_evidence(ctx: Context, view: GpuView, o: _Overlap) -> list[str]:
+    key = _workload_key(ctx, o.victim)
+    what = "its workload is not known" if key.startswith("tenant ") else f"no run of {key}"
+    during = [v for t, v in _series(view, o.victim).items() if o.start <= t < o.end]
+    return [
+        f"{o.victim} never ran alone, here or on another {view.info.model or 'GPU'} ({what} "
+        "ran alone in the window), so its slowdown cannot be measured: slowdown_ratio is null. "
+        "Interference is asymmetric, so the co-tenant's figure is not the victim's",
+        f"the GPU was saturated and {o.victim} held {statistics.fmean(during):.0%} of it, at "
+        "least an equal split: the time-slicer, not its own demand, set its pace",
+    ]
 
 
 def _finding(

@@ -136,6 +136,21 @@ class Thresholds:
     noisy_min_seconds: float = 1800.0
     #: A host counts as CPU-saturated by a neighbour above this busy ratio.
     host_cpu_saturated_ratio: float = 0.92
+    #: Co-tenants saturate their GPU when its utilization averages at least this over the
+    #: overlap: the 90% SageMaker Debugger's CPUBottleneck rule calls a saturated processor
+    #: (``cpu_saturated_ratio``); a time-sliced GPU reads 100% while either tenant has work.
+    noisy_saturated_ratio: float = 0.9
+    #: A co-started tenant with no solo reference is reported (slowdown unknown) only when it
+    #: held at least this share of an equal split of the saturated GPU. The time-slicer
+    #: alternates the contexts that have work (NVIDIA GPU Operator, "Time-Slicing GPUs in
+    #: Kubernetes"), so a tenant far below an equal split got all it asked for; 0.8 leaves room
+    #: for the ±10% per-interval spread of per-process SM samples.
+    noisy_fair_share_ratio: float = 0.8
+    #: Two tenants "moved against each other" only when Pearson's r over their SM utilization
+    #: is at most this, over at least this many intervals: -0.361 is the two-tailed 5% critical
+    #: value at 30 points (28 degrees of freedom), beyond Cohen's "medium" effect of 0.3.
+    noisy_anticorrelation_max_r: float = -0.361
+    noisy_anticorrelation_min_samples: float = 30.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -250,8 +250,8 @@ def _co_tenants(path: Path, history: bool) -> Path:
     for pid, job in ((10, "701"), (20, "702")):
         cgroup = f"/slurm/uid_1000/job_{job}/step_0"
         records.append(
-            Process("n1", pid, 1000 + pid, "python", "python job.py", "u", cgroup, job, None,
-                    None, None, T0, T0 + 9 * 3600)
+            Process("n1", pid, 1000 + pid, "python", f"python train_{job}.py", "u", cgroup, job,
+                    None, None, None, T0, T0 + 9 * 3600)
         )  # fmt: skip
     for m in range(7 * 60):
         ts = T0 + 2 * 3600 + m * 60
