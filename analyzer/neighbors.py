@@ -12,7 +12,8 @@ Two cases the telemetry can attribute:
   template, never the job id) ran alone on a GPU of the same model anywhere in the fleet. With
   no such reference, ``slowdown_ratio`` is ``None`` and the evidence says why (interference is
   asymmetric: the co-tenant's figure is not the victim's); that finding needs the victim to
-  hold at least an equal split of the busy GPU and its co-tenant not to be measured unharmed.
+  hold at least (nearly) an equal split of the saturated GPU, which a tenant asking for less
+  would not have: it would get what it asked for.
   Pairs whose solo levels fit the device side by side are not a finding. The two tenants'
   anti-correlation is claimed only when it is clear (``noisy_anticorrelation_max_r`` over at
   least ``noisy_anticorrelation_min_samples`` intervals).
@@ -193,8 +194,6 @@ def _without_nearby(
         if mine.level.slowdown < th.noisy_min_slowdown_ratio:
             return None
         return _co_tenant_finding(ctx, view, o, mine.level, mine)
-    if theirs is not None and theirs.slowdown < th.noisy_min_slowdown_ratio:
-        return None  # the co-tenant kept its solo speed: nothing shows the two interfering
     if not _capped(ctx, view, o):
         return None  # it got less than an equal split of a busy GPU: all it asked for
     return _co_tenant_finding(ctx, view, o, None, None)
