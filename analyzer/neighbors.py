@@ -1,6 +1,6 @@
 """``noisy_neighbor``: co-located workloads where one measurably slows another.
 
-Two cases the telemetry can attribute:
+The cases the telemetry can attribute:
 
 * **GPU co-tenants** (time-slicing or MPS): two tenants hold memory on one GPU at once. The
   victim's throughput proxy is its own SM utilization from NVML's per-process samples. Its solo
