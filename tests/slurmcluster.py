@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: The daemons and clients a cluster needs (Debian: slurm-wlm, slurm-client, munge).
-TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
+TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel")
 _HOST = socket.gethostname().split(".")[0]
 
 
@@ -71,10 +71,32 @@ class SlurmCluster:
         self._wait_idle(timeout_seconds)
 
     def stop(self) -> None:
+        # Jobs a failed test left waiting: slurmstepd outlives slurmd, so cancel them first.
+        if "slurmctld" in self.pids:
+            subprocess.run(
+                ["scancel", "--full", f"--user={os.getuid()}"],
+                env=self.env(),
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+            with contextlib.suppress(TimeoutError):
+                _wait_for(self._no_jobs, 10.0, "the cancelled jobs to end")
         for name in ("slurmd", "slurmctld", "munged"):
             pid_file = self.pids.pop(name, None)
             if pid_file is not None:
                 _stop_pid(pid_file)
+
+    def _no_jobs(self) -> bool:
+        listed = subprocess.run(
+            ["squeue", "-h", "-t", "RUNNING,COMPLETING,PENDING", "-o", "%i"],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return listed.returncode != 0 or not listed.stdout.strip()
 
     def _start_munge(self) -> None:
         key = self.root / "munge" / "munge.key"
