@@ -35,6 +35,7 @@ from typing import Any
 
 from analyzer.notices import Notice, NoticeRules
 from store.errors import BadInput, Failure
+from store.masking import mask_url
 from store.schema import NoticeSent
 
 GIB = float(1 << 30)
@@ -408,7 +409,7 @@ def post_webhook(cfg: NotifyConfig, payload: dict[str, Any]) -> None:
     )
     ca = cfg.webhook_ca_file
     context = ssl.create_default_context(cafile=str(ca) if ca else None)
-    shown = url.split("?")[0].rsplit("/", 1)[0] + "/…"  # the path's last part is the token
+    shown = mask_url(url, webhook=True)  # userinfo, query and the token in the path: masked
     try:
         with urllib.request.urlopen(request, timeout=cfg.timeout_seconds, context=context) as r:
             r.read()
