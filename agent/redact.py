@@ -17,7 +17,9 @@ What is dropped (each replaced by ``<redacted>``):
   A name says secret when one of its words (split at ``_ - .`` and camelCase) is password,
   passwd, passphrase, pass, pwd, pw, secret, token, auth, authorization, credential(s), creds,
   cookie, session, bearer, jwt, otp, dsn, signature, or ends in one of those (``PGPASSWORD``,
-  ``hftoken``, keytool's ``-storepass``); or when it ends in ``key`` (``MY_KEY``, ``--ssl-key``)
+  ``hftoken``, keytool's ``-storepass``), or is one word that ends in pass, auth or key
+  (``--requirepass``, ``--masterauth``, ``--licensekey``; not ``--bypass``, ``--lowpass``,
+  ``--hotkey``); or when it ends in ``key`` (``MY_KEY``, ``--ssl-key``)
   or has an api / access / secret / private / account / client ... key in it. A ``key`` inside
   a name (``--num-key-value-heads``) or a column's key (``--sort-key``, ``--text-key``) is not a
   secret, a token after pad / eos / bos / ... is a vocabulary entry (``--pad-token``), and a
@@ -25,9 +27,14 @@ What is dropped (each replaced by ``<redacted>``):
   (``--password-file /run/secrets/db``, ``--token-budget 4096``, ``--auth-url``). Values that
   say "no secret" (``--auth none``, ``false``) stay.
 * **Program conventions** where the flag gives no name: ``mysql -pX`` (and mysqldump, mysqladmin,
-  mariadb), ``sshpass -p X``, ``redis-cli -a X``, ``docker login -p X``, ``wandb login X``, and
-  ``user:pass`` after ``-u`` / ``--user`` / ``--proxy-user`` (``curl -u alice:X``; ``1000:1000``
-  uid:gid pairs stay).
+  mariadb, ``7z -pX``), ``sshpass -p X``, ``redis-cli -a X``, ``docker login -p X``, ``ldapsearch
+  -w X`` (and the other OpenLDAP clients), ``mongosh -p X``, ``sqlcmd -P X``, ``ipmitool -P X``,
+  ``unzip -P X``, ``useradd -p HASH``; positional passwords: ``wandb login X``, ``htpasswd -b FILE
+  USER X`` (``-nb USER X``), ``smbclient //server/share X``; and ``user:pass`` after ``-u`` /
+  ``--user`` / ``--proxy-user`` (``curl -u alice:X``; ``1000:1000`` uid:gid pairs stay), Samba's
+  ``-U user%X``.
+* **Key names inside code**: ``os.environ['WANDB_API_KEY'] = 'X'``, ``X_TOKEN = "X"``,
+  ``os.environ.setdefault("MY_SECRET", "X")``, ``os.putenv('DB_PASSWORD', 'X')``.
 * **URL credentials**: ``scheme://user:X@host`` keeps the user, drops the password.
 * **Values by shape**, wherever they appear: known token formats (AWS access key ids ``AKIA…``,
   GitHub ``ghp_…``/``github_pat_…``, GitLab ``glpat-…``, Slack ``xox?-…``, OpenAI/Anthropic
@@ -61,7 +68,7 @@ _STRONG_WORDS = frozenset(
         "keypass", "storepass", "srcstorepass", "deststorepass", "srckeypass", "destkeypass",
         "auth", "authorization", "authtoken", "credential", "credentials", "creds", "cookie",
         "session", "sessionid", "bearer", "jwt", "otp", "dsn", "signature", "sig", "apikey",
-        "accesskey", "secretkey", "privatekey", "sas",
+        "accesskey", "secretkey", "privatekey", "sas", "psk",
     }
 )  # fmt: skip
 #: Endings that make a one-word name a secret (``PGPASSWORD``, ``hftoken``, ``dbpass`` is not:
@@ -119,11 +126,38 @@ _VOCABULARY_TOKENS = frozenset(
 )  # fmt: skip
 
 
+#: Secret words that end a one-word option name (issue #27: ``--requirepass``, ``--masterauth``,
+#: ``--adminpass``, ``--licensekey``), weaker than :data:`_STRONG_ENDINGS` because English and
+#: signal processing have words that end in them too.
+_ONE_WORD_ENDINGS = ("pass", "auth", "key")
+#: One-word names that end in pass / auth / key and hold no secret.
+_ONE_WORD_NOT_SECRET = frozenset(
+    {
+        "bypass", "compass", "surpass", "trespass", "overpass", "underpass", "encompass",
+        "multipass", "onepass", "twopass", "singlepass", "firstpass", "secondpass", "lowpass",
+        "highpass", "bandpass", "allpass", "hotkey", "monkey", "turkey", "donkey", "jockey",
+        "hockey", "whiskey", "lackey", "turnkey", "nokey",
+    }
+)  # fmt: skip
+
+
+def _one_word_secret(word: str) -> bool:
+    """A name written as one word whose end is a secret word: ``requirepass``, ``masterauth``;
+    a column's key written as one word (``sortkey``) is not."""
+    for ending in _ONE_WORD_ENDINGS:
+        prefix = word[: -len(ending)]
+        if word.endswith(ending) and len(prefix) >= 2 and word not in _ONE_WORD_NOT_SECRET:
+            return not (ending == "key" and prefix in _KEY_NOT_SECRET)
+    return False
+
+
 def _strong(before: str, word: str, last: bool) -> bool:
     if word == "token" and before in _VOCABULARY_TOKENS:
         return False
     if word == "pass" and not last:  # --pass-through, --pass-at-k
         return False
+    if last and _one_word_secret(word):
+        return True
     return word in _STRONG_WORDS or word.endswith(_STRONG_ENDINGS)
 
 
@@ -257,8 +291,16 @@ _URL_CREDENTIALS = re.compile(
 #: The ``name =`` / ``name:`` / ``"name":`` before a value: assignments, query parameters,
 #: connection strings, JSON and dict members, HTTP headers (the name may be quoted). A ``:``
 #: followed by ``//`` is a URL's scheme.
+#: The name may be a subscript in code: ``os.environ['WANDB_API_KEY'] = '…'`` (issue #27).
 _NAME_LEAD = re.compile(
-    r"""(?<![\w.\-])(?<!//)(?P<q>["']?)(?P<name>-{0,2}[A-Za-z_][\w.\-]*)(?P=q)\s*(?::(?!//)|=)\s*"""
+    r"""(?<![\w.\-])(?<!//)(?P<q>["']?)(?P<name>-{0,2}[A-Za-z_][\w.\-]*)(?P=q)\]?"""
+    r"""\s*(?::(?!//)|=)\s*"""
+)
+#: A quoted name and a quoted value as a call's two arguments, in code:
+#: ``os.environ.setdefault('X_TOKEN', '…')``, ``os.putenv("DB_PASSWORD", "…")``, ``setenv(…)``.
+_CALL_PAIR = re.compile(
+    r"""(?P<q>["'])(?P<name>[A-Za-z_][\w.\-]*)(?P=q)\s*,\s*"""
+    r"""(?P<vq>["'])(?P<value>(?:(?!(?P=vq))[^\\]|\\.)*)(?P=vq)"""
 )
 #: A value: quoted, or an optional auth scheme and a run up to a delimiter. Inside a token
 #: (``?a=1&token=X``, ``AccountName=a;AccountKey=X``) ``& ; ,`` end it; a name that starts a
@@ -293,10 +335,19 @@ def _redact_named_values(text: str) -> str:
     return "".join([*out, text[done:]])
 
 
+def _call_pair(match: re.Match[str]) -> str:
+    if not (is_secret_name(match["name"]) and _value_is_secret(True, match["value"])):
+        return match[0]
+    head = match[0][: match.start("vq") - match.start()]
+    return f"{head}{match['vq']}{REDACTED}{match['vq']}"
+
+
 def redact_text(text: str) -> str:
     """Redact credentials inside one string: URL passwords, named values (assignments, query
-    parameters, JSON members, headers) and values shaped like keys. Idempotent."""
+    parameters, JSON members, headers, subscripts and call arguments in code) and values shaped
+    like keys. Idempotent."""
     text = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", text)
+    text = _CALL_PAIR.sub(_call_pair, text)
     text = _redact_named_values(text)
     return _redact_shapes(text)
 
@@ -304,8 +355,14 @@ def redact_text(text: str) -> str:
 # -- argument vectors ----------------------------------------------------------------------------
 
 #: Programs whose ``-pVALUE`` (attached) is a password (``mysql -p`` alone prompts, and the
-#: argument after it is the database).
-_ATTACHED_P = frozenset({"mysql", "mysqldump", "mysqladmin", "mysqlimport", "mariadb"})
+#: argument after it is the database; ``7z x -pSECRET``).
+_ATTACHED_P = frozenset(
+    {"mysql", "mysqldump", "mysqladmin", "mysqlimport", "mariadb", "7z", "7za", "7zr"}
+)
+_LDAP = ("ldapsearch", "ldapadd", "ldapmodify", "ldapdelete", "ldapmodrdn", "ldapwhoami",
+         "ldapcompare", "ldapexop", "ldapurl")  # fmt: skip
+_MONGO = ("mongo", "mongosh", "mongodump", "mongorestore", "mongoexport", "mongoimport",
+          "mongostat", "mongotop", "mongofiles")  # fmt: skip
 #: (program, subcommand or ``""`` for any) and the short flags whose next argument is a password.
 _PASSWORD_FLAGS = {
     ("sshpass", ""): frozenset({"-p"}),
@@ -314,19 +371,58 @@ _PASSWORD_FLAGS = {
     ("podman", "login"): frozenset({"-p"}),
     ("nerdctl", "login"): frozenset({"-p"}),
     ("helm", "login"): frozenset({"-p"}),
+    **{(ldap, ""): frozenset({"-w"}) for ldap in _LDAP},
+    ("ldappasswd", ""): frozenset({"-w", "-s", "-a"}),  # bind, new and old password
+    **{(mongo, ""): frozenset({"-p"}) for mongo in _MONGO},
+    ("sqlcmd", ""): frozenset({"-P"}),
+    ("bcp", ""): frozenset({"-P"}),
+    ("ipmitool", ""): frozenset({"-P"}),
+    ("unzip", ""): frozenset({"-P"}),
+    ("zip", ""): frozenset({"-P"}),
+    ("useradd", ""): frozenset({"-p"}),  # a crypt hash, crackable offline
+    ("usermod", ""): frozenset({"-p"}),
 }
 #: ``program subcommand SECRET``: the first positional argument after the subcommand.
 _POSITIONAL_SECRET = frozenset(
     {("wandb", "login"), ("huggingface-cli", "login"), ("ngrok", "authtoken")}
 )
-_PROGRAMS = _ATTACHED_P | {p for p, _ in _PASSWORD_FLAGS} | {p for p, _ in _POSITIONAL_SECRET}
+#: Samba's clients write a user and password as ``-U user%password`` (``--user=``).
+_PERCENT_USER = frozenset({"smbclient", "rpcclient", "smbcacls", "smbget", "smbtree", "net"})
+#: Short flags of these programs that take a value (so it is not a positional argument).
+_VALUE_FLAGS = {"htpasswd": frozenset({"-C", "-r"})}
+
+
+def _htpasswd_password(shorts: frozenset[str], positionals: tuple[str, ...]) -> bool:
+    """``htpasswd -b FILE USER PASSWORD`` (``-nb USER PASSWORD`` without a file)."""
+    return "b" in shorts and len(positionals) == (1 if "n" in shorts else 2)
+
+
+def _smbclient_password(shorts: frozenset[str], positionals: tuple[str, ...]) -> bool:
+    """``smbclient //server/share PASSWORD``: the argument right after the service."""
+    return len(positionals) >= 1 and positionals[-1].startswith(("//", "\\\\"))
+
+
+#: Programs that take a password as a positional argument, by what came before it: the short
+#: option letters given and the positional arguments before it.
+_POSITIONAL_PASSWORD = {"htpasswd": _htpasswd_password, "smbclient": _smbclient_password}
+_PROGRAMS = (
+    _ATTACHED_P
+    | {p for p, _ in _PASSWORD_FLAGS}
+    | {p for p, _ in _POSITIONAL_SECRET}
+    | _PERCENT_USER
+    | set(_POSITIONAL_PASSWORD)
+)
 _USER_FLAGS = frozenset({"-u", "--user", "-U", "--proxy-user"})
 _HEADER_FLAGS = frozenset({"-H", "--header", "--headers", "--proxy-header"})
 _FLAG = re.compile(r"^--?[A-Za-z][\w.-]*$")
 
 
-def _user_pass(value: str) -> str:
-    """``alice:secret`` keeps the user; ``1000:1000`` (uid:gid) stays."""
+def _user_pass(value: str, program: str = "") -> str:
+    """``alice:secret`` keeps the user; ``1000:1000`` (uid:gid) stays; Samba's ``alice%secret``
+    keeps the user."""
+    if program in _PERCENT_USER and "%" in value:
+        user, _, rest = value.partition("%")
+        return f"{user}%{REDACTED}" if rest and rest != REDACTED else value
     user, colon, rest = value.partition(":")
     if not colon or not rest or (user.isdigit() and rest.isdigit()) or rest == REDACTED:
         return value
@@ -345,13 +441,20 @@ def _header(value: str) -> str:
 class _Context:
     """Where in a command line we are: the program, its subcommand, what the last flag wants."""
 
-    __slots__ = ("pending", "positional", "program", "sub")
+    __slots__ = ("args", "pending", "positional", "program", "shorts", "sub")
 
     def __init__(self) -> None:
         self.program = ""
         self.sub = ""
         self.pending: str | None = None  # secret, key, user or header: what the next arg is
         self.positional = False  # the next positional argument is a secret (wandb login KEY)
+        self.shorts: set[str] = set()  # short option letters given to the program (-bc)
+        self.args: list[str] = []  # its positional arguments so far
+
+    def positional_password(self) -> bool:
+        """Whether the next positional argument is a password by the program's convention."""
+        rule = _POSITIONAL_PASSWORD.get(self.program)
+        return rule is not None and rule(frozenset(self.shorts), tuple(self.args))
 
     def password_flags(self) -> frozenset[str]:
         return _PASSWORD_FLAGS.get((self.program, ""), frozenset()) | _PASSWORD_FLAGS.get(
@@ -362,12 +465,19 @@ class _Context:
         name = arg.rsplit("/", 1)[-1]
         if not self.program or name in _PROGRAMS:
             self.program, self.sub = name, ""
-        elif not self.sub:
+            self.shorts, self.args = set(), []
+            return
+        self.args.append(arg)
+        if not self.sub:
             self.sub = arg
             self.positional = (self.program, arg) in _POSITIONAL_SECRET
 
     def see_flag(self, arg: str) -> None:
-        if arg in _USER_FLAGS:
+        if len(arg) > 1 and arg[1] != "-":
+            self.shorts.update(arg[1:])
+        if arg in _VALUE_FLAGS.get(self.program, ()):
+            self.pending = "value"
+        elif arg in _USER_FLAGS:
             self.pending = "user"
         elif arg in _HEADER_FLAGS:
             self.pending = "header"
@@ -375,11 +485,13 @@ class _Context:
             self.pending = "secret"
 
 
-def _redact_value(kind: str, arg: str) -> str:
+def _redact_value(kind: str, arg: str, program: str) -> str:
     if kind == "secret":
         return REDACTED if _value_is_secret(True, arg) else redact_text(arg)
     if kind == "user":
-        return redact_text(_user_pass(arg))
+        return redact_text(_user_pass(arg, program))
+    if kind == "value":
+        return redact_text(arg)
     return _header(arg)
 
 
@@ -393,7 +505,7 @@ def _redact_one(arg: str, program: str) -> str:
         return f"-p{REDACTED}"
     flag, eq, value = arg.partition("=")
     if eq and flag in ("--user", "--proxy-user"):
-        return f"{flag}={_user_pass(value)}"
+        return f"{flag}={_user_pass(value, program)}"
     if eq and _ASSIGNED_NAME.match(flag) and _value_is_secret(is_secret_name(flag), value):
         return f"{flag}={REDACTED}"  # all of the argument after = is the value
     return redact_text(arg)
@@ -407,14 +519,17 @@ def redact_argv(argv: list[str]) -> list[str]:
     for arg in argv:
         pending, ctx.pending = ctx.pending, None
         if pending is not None and not arg.startswith("--"):
-            out.append(_redact_value(pending, arg))
+            out.append(_redact_value(pending, arg, ctx.program))
             if arg.rsplit("/", 1)[-1] in _PROGRAMS:  # a program can follow a flag (srun -n 8)
                 ctx.see_positional(arg)
             continue
         if arg.startswith("-"):
             ctx.see_flag(arg)
-        elif ctx.positional:
+        elif ctx.positional or (
+            ctx.positional_password() and arg.rsplit("/", 1)[-1] not in _PROGRAMS
+        ):
             ctx.positional = False
+            ctx.args.append(arg)
             out.append(REDACTED)
             continue
         elif "=" not in arg:

@@ -16,6 +16,7 @@ after the messages went out.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from typing import Any
 
 from analyzer.notices import Notice, NoticeRules
 from store.errors import BadInput, Failure
+from store.masking import mask_url
 from store.schema import NoticeSent
 
 GIB = float(1 << 30)
@@ -398,26 +400,44 @@ class Mailer:
 
 
 def post_webhook(cfg: NotifyConfig, payload: dict[str, Any]) -> None:
-    """POST ``payload`` as JSON; :class:`DeliveryError` with the server's answer on failure."""
-    url = cfg.webhook_url or ""
+    """POST ``payload`` as JSON; :class:`DeliveryError` with the server's answer on failure.
+    A ``user:password@`` in the URL is sent as Basic credentials (urllib would take it for part
+    of the host name), and every message shows the URL masked."""
+    url, authorization = _split_userinfo(cfg.webhook_url or "")
+    headers = {"Content-Type": "application/json", "User-Agent": "aiscope-notify"}
+    if authorization:
+        headers["Authorization"] = authorization
     request = urllib.request.Request(
-        url,
-        data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json", "User-Agent": "aiscope-notify"},
-        method="POST",
+        url, data=json.dumps(payload).encode(), headers=headers, method="POST"
     )
     ca = cfg.webhook_ca_file
     context = ssl.create_default_context(cafile=str(ca) if ca else None)
-    shown = url.split("?")[0].rsplit("/", 1)[0] + "/…"  # the path's last part is the token
+    shown = mask_url(
+        cfg.webhook_url or "", webhook=True
+    )  # userinfo, query and the token in the path: masked
     try:
         with urllib.request.urlopen(request, timeout=cfg.timeout_seconds, context=context) as r:
             r.read()
     except urllib.error.HTTPError as exc:
         body = exc.read(200).decode(errors="replace").strip()
         raise DeliveryError(f"webhook {shown}: HTTP {exc.code} {body}".strip()) from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: http.client's
+        reason = getattr(exc, "reason", exc)  # InvalidURL, whose text is the URL
+        if isinstance(exc, ValueError):
+            reason = "not a URL urllib can request"
         raise DeliveryError(f"webhook {shown}: {reason}") from None
+
+
+def _split_userinfo(url: str) -> tuple[str, str | None]:
+    """``url`` without its ``user:password@``, and that as a Basic ``Authorization`` value."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, _, password = userinfo.partition(":")
+    pair = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+    basic = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+    return urllib.parse.urlunsplit(parts._replace(netloc=host)), basic
 
 
 # -- one run -------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from typing import Any
 
 from agent.store import Store, insert_rows
 from store.errors import BadInput, Failure
+from store.masking import mask_url
 from store.schema import (
     AgentEvent,
     Device,
@@ -138,11 +139,13 @@ def _check_url(url: str) -> str:
             "and reports); use --prometheus-basic-auth USER:PASSWORD_FILE"
         )
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PrometheusBadInput(f"--prometheus {url!r}: expected an http:// or https:// URL")
+        raise PrometheusBadInput(
+            f"--prometheus {mask_url(url)!r}: expected an http:// or https:// URL"
+        )
     try:
         _ = parts.port
     except ValueError as exc:
-        raise PrometheusBadInput(f"--prometheus {url!r}: bad port") from exc
+        raise PrometheusBadInput(f"--prometheus {mask_url(url)!r}: bad port") from exc
     return url.rstrip("/")
 
 
@@ -201,7 +204,12 @@ class Client:
         sleep: Callable[[float], None] = time.sleep,
         retry_delays: tuple[float, ...] = _RETRY_DELAYS,
     ) -> None:
-        self.url = _check_url(source.url)
+        checked = urllib.parse.urlsplit(_check_url(source.url))
+        #: The server's API root, and the query parameters every request carries (a gateway's
+        #: ``?apikey=…``): requests only ever use these; everything shown uses :attr:`shown`.
+        self.url = urllib.parse.urlunsplit(checked._replace(query="", fragment="")).rstrip("/")
+        self._base_params = urllib.parse.parse_qsl(checked.query, keep_blank_values=True)
+        self.shown = mask_url(source.url.rstrip("/"))
         self._headers = {"Accept": "application/json", **_auth_headers(source)}
         self._context = _ssl_context(source)
         self._timeout = source.timeout_seconds
@@ -211,7 +219,8 @@ class Client:
 
     def get(self, path: str, params: dict[str, Any]) -> Any:
         """The ``data`` of one API answer; retries 5xx and connection errors with backoff."""
-        url = f"{self.url}{path}?{urllib.parse.urlencode(params, doseq=True)}"
+        query = urllib.parse.urlencode([*self._base_params, *_pairs(params)])
+        url = f"{self.url}{path}?{query}"
         for attempt in range(len(self._delays) + 1):
             try:
                 return self._once(url, path)
@@ -235,22 +244,22 @@ class Client:
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
             raise _Retryable(
-                PrometheusFailure(f"--prometheus {self.url}: cannot reach the server ({reason})")
+                PrometheusFailure(f"--prometheus {self.shown}: cannot reach the server ({reason})")
             ) from None
         try:
             doc = json.loads(body)
         except ValueError as exc:
             raise PrometheusFailure(
-                f"--prometheus {self.url}: {path} did not answer JSON (is this a Prometheus API?)"
+                f"--prometheus {self.shown}: {path} did not answer JSON (is this a Prometheus API?)"
             ) from exc
         if not isinstance(doc, dict) or doc.get("status") != "success":
             error = doc.get("error") if isinstance(doc, dict) else None
-            raise PrometheusFailure(f"--prometheus {self.url}: {path} failed: {error}")
+            raise PrometheusFailure(f"--prometheus {self.shown}: {path} failed: {error}")
         return doc.get("data")
 
     def _http_error(self, exc: urllib.error.HTTPError, path: str) -> Exception:
         detail = _server_error(exc.read() or b"")
-        message = f"--prometheus {self.url}: {path} answered HTTP {exc.code}" + (
+        message = f"--prometheus {self.shown}: {path} answered HTTP {exc.code}" + (
             f": {detail}" if detail else ""
         )
         if exc.code >= 500:
@@ -280,6 +289,15 @@ class _Retryable(PrometheusFailure):  # an internal signal: never leaves Client.
     def __init__(self, final: Exception) -> None:
         super().__init__(str(final))
         self.final = final
+
+
+def _pairs(params: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``params`` as (name, value) pairs, a list value giving one pair per item (``match[]``)."""
+    return [
+        (name, item)
+        for name, value in params.items()
+        for item in (value if isinstance(value, list | tuple) else [value])
+    ]
 
 
 def _fmt(value: float) -> str:
@@ -454,7 +472,7 @@ def choose_vocabulary(client: Client, source: PrometheusSource, fleet: str) -> S
             return vocabulary
     where = f" matching {fleet}" if fleet else ""
     raise PrometheusBadInput(
-        f"--prometheus {client.url}: no GPU series ({', '.join(v.anchor for v in wanted)}){where}"
+        f"--prometheus {client.shown}: no GPU series ({', '.join(v.anchor for v in wanted)}){where}"
     )
 
 
@@ -475,13 +493,13 @@ def read(
     anchor = selector(vocabulary.anchor, fleet)
     end = newest_sample(client, anchor, clock())
     if end is None:
-        raise PrometheusBadInput(f"--prometheus {client.url}: {vocabulary.anchor} has no samples")
+        raise PrometheusBadInput(f"--prometheus {client.shown}: {vocabulary.anchor} has no samples")
     start = first_sample(client, anchor, end - since_seconds, end)
     interval = sample_interval(client, anchor, end, since_seconds)
     step = max(bucket_for(end - start, interval) / 2.0, 1.0)
     first = end - step * math.floor((end - (end - since_seconds)) / step)
     plan = _Plan(vocabulary, fleet, first, end, step, interval)
-    report = ReadReport(client.url, vocabulary.name, step_seconds=step)
+    report = ReadReport(client.shown, vocabulary.name, step_seconds=step)
     names = client.names(selector("", fleet, '__name__=~"aiscope_.+|DCGM_FI_.+|node_.+"'))
     gpus = _read_gpus(client, plan, names, store, report)
     _read_hosts(client, plan, names, gpus, store, report)

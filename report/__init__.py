@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from store.errors import BadInput
+from store.safewrite import write_text
 
 TOP_N = 15
 FORMATS = (".html", ".md", ".json")
@@ -47,8 +48,6 @@ def write(doc: dict[str, Any], out: Path) -> Path:
         from report.html import render as render_html  # noqa: PLC0415
 
         text = render_html(doc)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)  # never a half-written report where the last one was
-    return out
+    # Never a half-written report where the last one was, and never through a link planted at
+    # a predictable temporary name (issue #27): the store contract's safe writer, mode 0640.
+    return write_text(out, text)

@@ -28,16 +28,15 @@ included); on an object store, an object becomes visible only when its upload co
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from store.errors import BadInput, Failure
+from store.safewrite import copy_file
 
 SCHEMES = ("s3", "gs", "az")
 _URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<bucket>[^/?#]*)(?P<prefix>/[^?#]*)?$")
@@ -173,18 +172,9 @@ def put(location: Location, relpath: str, source: Path) -> None:
 
 
 def _put_local(target: Path, source: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with source.open("rb") as src, temp.open("wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.replace(temp, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temp.unlink()
+    # A hidden, unpredictable temporary name (O_EXCL | O_NOFOLLOW), fsync, rename: mode 0640,
+    # for segments name other users' processes.
+    copy_file(source, target)
 
 
 def _put_object(location: Location, relpath: str, source: Path) -> None:

@@ -95,6 +95,84 @@ def test_each_leaking_form_is_redacted(argv: list[str], expected: list[str] | No
     assert redact_cmdline(" ".join(argv)) == redact_cmdline(secret_free)
 
 
+# -- issue #27: secret forms never named before, redacted by class ------------------------------
+
+_HEX40 = "9f3b2c8d4e5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c"  # 40 hex: a W&B key, or a git commit by shape
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        # positional passwords of known programs
+        (
+            ["htpasswd", "-b", "/etc/nginx/.htpasswd", "alice", "hunter2"],
+            ["htpasswd", "-b", "/etc/nginx/.htpasswd", "alice", R],
+        ),
+        (
+            ["htpasswd", "-bcB", "-C", "12", "users", "alice", "hunter2"],
+            ["htpasswd", "-bcB", "-C", "12", "users", "alice", R],
+        ),
+        (["htpasswd", "-nb", "alice", "hunter2"], ["htpasswd", "-nb", "alice", R]),
+        (["htpasswd", "-c", "users", "alice"], None),  # prompts: nothing to drop
+        (
+            ["smbclient", "//nas/share", "-U", "alice%hunter2"],
+            ["smbclient", "//nas/share", "-U", f"alice%{R}"],
+        ),
+        (["smbclient", "//nas/share", "--user=alice%hunter2"], None),
+        (["smbclient", "//nas/share", "hunter2", "-U", "alice"], None),
+        (["rpcclient", "-U", "DOM\\alice%hunter2", "dc1"], None),
+        (["ldapsearch", "-x", "-D", "cn=admin", "-w", "hunter2", "-b", "dc=x"], None),
+        (["mongosh", "-u", "admin", "-p", "hunter2", "db1"], None),
+        (["sqlcmd", "-S", "db", "-U", "sa", "-P", "hunter2"], None),
+        (["ipmitool", "-H", "bmc1", "-U", "root", "-P", "hunter2", "power", "status"], None),
+        (["unzip", "-P", "hunter2", "data.zip"], None),
+        (["7z", "x", "-phunter2", "data.7z"], ["7z", "x", f"-p{R}", "data.7z"]),
+        # option names that end in or contain a secret word as one word
+        (["redis-server", "--requirepass", "hunter2"], ["redis-server", "--requirepass", R]),
+        (["redis-server", "--masterauth", "hunter2"], ["redis-server", "--masterauth", R]),
+        (["app", "--adminpass=hunter2"], ["app", f"--adminpass={R}"]),
+        (["app", "--dbpassword", "hunter2"], None),
+        (["app", "--jwtsecret", "hunter2"], None),
+        (["app", "--licensekey", "hunter2"], None),
+        (["nmcli", "dev", "wifi", "connect", "lab", "--psk", "hunter2"], None),
+        # key names inside code strings
+        (["python", "-c", f"import os;os.environ['WANDB_API_KEY']='{_HEX40}';import train"], None),
+        (["python", "-c", f'import os; os.environ["HF_TOKEN"] = "{_HEX40}"'], None),
+        (["python", "-c", f"X_TOKEN = '{_HEX40}'; run(X_TOKEN)"], None),
+        (["python", "-c", f"import os; os.environ.setdefault('MY_SECRET', '{_HEX40}')"], None),
+        (["python", "-c", "import os; os.putenv('DB_PASSWORD', 'hunter2')"], None),
+        (["bash", "-c", f"export WANDB_API_KEY={_HEX40} && python train.py"], None),
+    ],
+)
+def test_each_form_issue_27_found_is_redacted(argv: list[str], expected: list[str] | None) -> None:
+    out = redact_argv(argv)
+    if expected is not None:
+        assert out == expected
+    secret_free = " ".join(out)
+    assert "hunter2" not in secret_free and _HEX40 not in secret_free, secret_free
+    joined = redact_cmdline(" ".join(argv))
+    assert "hunter2" not in joined and _HEX40 not in joined, joined
+    assert redact_cmdline(secret_free) == secret_free
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["python", "train.py", "--tokenizer", "gpt2", "--bypass", "cache", "--compass", "n"],
+        ["rsync", "-a", "--passfile", "/run/secrets/rsync", "src/", "dst/"],
+        ["python", "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"],
+        ["python", "-c", "d = {'sort_key': 'id'}; print(d['sort_key'])"],
+        ["htpasswd", "-v", "users", "alice"],
+        ["smbclient", "-L", "nas", "-N"],
+        ["torchrun", "--nproc_per_node=8", "train.py", "--hotkey", "F5", "--monkey", "patch"],
+        ["python", "train.py", "--multipass", "2", "--onepass"],
+    ],
+)
+def test_what_the_new_classes_leave_alone(argv: list[str]) -> None:
+    assert redact_argv(argv) == argv
+    assert redact_cmdline(" ".join(argv)) == " ".join(argv)
+
+
 @pytest.mark.parametrize(
     "token",
     [

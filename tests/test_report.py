@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -473,3 +474,14 @@ def test_an_empty_window_says_so(empty_doc: dict) -> None:
     buffer = io.StringIO()
     render_text(empty_doc, file=buffer, width=100)
     assert "No data in the window" in buffer.getvalue() and "Useful" not in buffer.getvalue()
+
+
+def test_a_planted_tmp_link_does_not_redirect_the_report(doc: dict, tmp_path: Path) -> None:
+    """Issue #27: ``r.html.tmp`` planted as a link made the report overwrite what it pointed to."""
+    victim = tmp_path / "victim.conf"
+    victim.write_text("precious\n")
+    (tmp_path / "r.html.tmp").symlink_to(victim)
+    out = write(doc, tmp_path / "r.html")
+    assert victim.read_text() == "precious\n"
+    assert out.read_text().startswith("<!DOCTYPE html>") and not out.is_symlink()
+    assert stat.S_IMODE(out.stat().st_mode) & 0o007 == 0  # telemetry: not world-readable

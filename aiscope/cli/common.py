@@ -22,6 +22,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from store.errors import BadInput
+from store.masking import mask_url
 
 #: ``debug`` (``--debug``) and ``program`` (run as the console script, not in-process).
 STATE: dict[str, bool] = {"debug": False}
@@ -224,7 +225,7 @@ def analysis_document(
     if source is not None:
         from aiscope.prometheus import analyze_prometheus  # noqa: PLC0415
 
-        with progress(f"reading {source.url}") as update:
+        with progress(f"reading {mask_url(source.url)}") as update:
             doc = analyze_prometheus(source, since, thresholds, accounting)
             update(1.0)
         return doc

@@ -20,6 +20,7 @@ from aiscope.cli.common import (
     with_prometheus_options,
 )
 from store.errors import AiscopeError, BadInput
+from store.masking import mask_url
 
 
 @with_prometheus_options
@@ -127,7 +128,7 @@ def _plan_document(
     if source is not None:
         from aiscope.prometheus import plan_prometheus  # noqa: PLC0415
 
-        with progress(f"reading {source.url}") as update:
+        with progress(f"reading {mask_url(source.url)}") as update:
             doc = plan_prometheus(source, since or "90d", horizon, thresholds, site, queue)
             update(1.0)
         return doc

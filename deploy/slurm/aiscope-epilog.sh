@@ -9,8 +9,9 @@
 #     EpilogSlurmctld=/etc/slurm/aiscope-epilog.sh   (with AISCOPE_STORE=/shared/aiscope-fleet)
 #
 # It stores `aiscope:` + base64(gzip(JSON of `aiscope job ID --format json`)) with
-# `scontrol update job=ID AdminComment=...` (falling back to sacctmgr once the job has left
-# slurmctld). It never fails the job or drains the node: every path exits 0, and what happened
+# `scontrol update job=ID AdminComment=...`, else sacctmgr. slurmctld refuses updates of a job that
+# has finished ("Job has already finished"), which it has when an epilog runs, so at job end it is
+# sacctmgr (slurmdbd) that stores the comment, as jobstats' EpilogSlurmctld does. It never fails the job or drains the node: every path exits 0, and what happened
 # goes to syslog (tag aiscope-epilog, `journalctl -t aiscope-epilog`).
 #
 # Settings (environment; e.g. in /etc/default/aiscope-epilog, read when present):
