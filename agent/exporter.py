@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from agent.httpd import Limits, Server, ServerStats
 from agent.snapshot import GpuProcess, Snapshot
 from agent.store import StoreStats
 from store.errors import Failure
@@ -801,28 +802,65 @@ def build_registry(
 
 @dataclass(frozen=True, slots=True)
 class MetricsServer:
-    """A running ``/metrics`` endpoint; ``close`` stops it."""
+    """A running ``/metrics`` endpoint (:class:`agent.httpd.Server`); ``close`` stops it."""
 
-    server: Any
-    thread: threading.Thread
+    server: Server
+
+    @property
+    def port(self) -> int:
+        return self.server.port
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 class ListenError(Failure):
     """The metrics endpoint cannot bind its address (taken, not local, no permission)."""
 
 
-def serve(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
-    """Serve ``registry`` at ``http://host:port/metrics``. Raises :class:`ListenError` if the
-    bind fails."""
+def _healthz(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """``/healthz``: 200 while the endpoint's threads answer (cheaper than a scrape)."""
+    start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+    return [b"ok\n"]
+
+
+class HttpCollector(Collector):
+    """``aiscope_agent_http_*``: what the endpoint refused or cut short (issue #27)."""
+
+    def __init__(self, stats: ServerStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        for field, name, doc in (
+            ("requests_total", "aiscope_agent_http_requests", "Complete requests received."),
+            ("busy_total", "aiscope_agent_http_busy", "Requests answered 503 (workers busy)."),
+            (
+                "timeouts_total",
+                "aiscope_agent_http_header_timeouts",
+                "Connections closed before sending a whole request header in time.",
+            ),
+            (
+                "evicted_total",
+                "aiscope_agent_http_evicted",
+                "Incomplete connections dropped to stay under the connection limit.",
+            ),
+        ):
+            family = CounterMetricFamily(name, doc)
+            family.add_metric([], getattr(self._stats, field))
+            yield family
+
+
+def serve(registry: CollectorRegistry, host: str, port: int, **limits: Any) -> MetricsServer:
+    """Serve ``registry`` at ``http://host:port/metrics`` and ``/healthz`` (404 elsewhere),
+    within :class:`agent.httpd.Limits` (``limits`` overrides its fields). Raises
+    :class:`ListenError` if the bind fails."""
+    routes = {"/metrics": make_wsgi_app(registry), "/healthz": _healthz}
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        server = Server(host, port, routes, Limits(**limits))
     except OSError as exc:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    return MetricsServer(server=server, thread=thread)
+    registry.register(HttpCollector(server.stats))
+    return MetricsServer(server=server)
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -108,7 +108,7 @@ def run(agent: Agent, stop: threading.Event | None = None) -> int:
         "aiscope agent on %s: metrics at http://%s:%d/metrics, store %s",
         agent.config.node,
         agent.config.listen_host,
-        server.server.server_port,
+        server.port,
         agent.config.store,
     )
     scheduler = schedule(agent)
