@@ -255,6 +255,9 @@ class AgentCollector(Collector):
         if not snap.gpus and not snap.driver_up:
             # Host-only mode: no GPU is known, but "no GPU answered" must still be visible.
             up.add_metric([snap.node] + [""] * (len(GPU_LABELS) - 1), 0.0)
+        for index in snap.unopened_gpus:
+            # A GPU the driver lists but that could not be opened: down, known by index only.
+            up.add_metric([snap.node, str(index)] + [""] * (len(GPU_LABELS) - 2), 0.0)
         yield up
         yield _driver_up(snap)
         for spec in GPU_GAUGES:
