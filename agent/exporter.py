@@ -827,6 +827,25 @@ def _healthz(environ: dict[str, Any], start_response: Callable[..., Any]) -> lis
     return [b"ok\n"]
 
 
+class SkipsCollector(Collector):
+    """``aiscope_agent_skipped_runs_total{job}``: scheduled runs a job skipped because its
+    previous run overran (``agent.schedule.Skips``; issue #27)."""
+
+    def __init__(self, node: str, totals: Callable[[], dict[str, int]]) -> None:
+        self._node = node
+        self._totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "aiscope_agent_skipped_runs",
+            "Scheduled job runs skipped because the job's previous run overran them.",
+            labels=["node", "job"],
+        )
+        for job, count in sorted(self._totals().items()):
+            family.add_metric([self._node, job], count)
+        yield family
+
+
 class HttpCollector(Collector):
     """``aiscope_agent_http_*``: what the endpoint refused or cut short (issue #27)."""
 

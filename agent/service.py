@@ -33,7 +33,7 @@ from types import FrameType
 from agent.config import AgentConfig
 from agent.exporter import MetricsServer
 from agent.sampler import Sampler
-from agent.schedule import Job, Scheduler
+from agent.schedule import Job, Scheduler, Skips
 from agent.store import Store, StoreError, StoreLocked
 from store.errors import Failure
 
@@ -52,6 +52,8 @@ class Agent:
     job_cpu_seconds: dict[str, float] = field(default_factory=dict)
     #: More (name, function, interval seconds) jobs from whoever composed the agent.
     extra_jobs: tuple[tuple[str, Callable[[], object], float], ...] = ()
+    #: Runs the jobs skipped by overrunning (the exporter's ``aiscope_agent_skipped_runs``).
+    skips: Skips = field(default_factory=Skips)
 
 
 def _guard(
@@ -87,7 +89,8 @@ def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> Scheduler:
         *agent.extra_jobs,
     ]
     scheduler = Scheduler(
-        [Job(name, _guard(name, fn, agent.job_cpu_seconds), seconds) for name, fn, seconds in jobs]
+        [Job(name, _guard(name, fn, agent.job_cpu_seconds), seconds) for name, fn, seconds in jobs],
+        skips=agent.skips,
     )
     scheduler.start()
     return scheduler

@@ -46,5 +46,3 @@ class Snapshot:
     gpu_lost_events: tuple[tuple[str, int], ...] = ()
     #: Indices of GPUs the driver lists that could not be opened (no uuid known yet).
     unopened_gpus: tuple[int, ...] = ()
-    #: Scheduled runs skipped because the job overran them, by job name (agent.schedule).
-    skipped_runs: tuple[tuple[str, int], ...] = ()

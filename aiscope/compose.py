@@ -22,6 +22,7 @@ from agent.exporter import (
     DcgmCompatCollector,
     PodInfoCollector,
     PublishCollector,
+    SkipsCollector,
     build_registry,
     serve,
 )
@@ -29,6 +30,7 @@ from agent.host import HostReader
 from agent.k8s import PodDirectory
 from agent.nvml import Nvml
 from agent.sampler import Sampler
+from agent.schedule import Skips
 from agent.service import Agent
 from agent.store import Store
 from aiscope import __version__
@@ -91,7 +93,8 @@ def build_agent(
     )
     collector = AgentCollector(sampler.snapshot, store.stats, __version__)
     sink = AnalysisSink(config.analysis_window)
-    collectors: list[Any] = [collector, sink]
+    skips = Skips()
+    collectors: list[Any] = [collector, sink, SkipsCollector(config.node, skips.totals)]
     if config.dcgm_compat:
         collectors.append(DcgmCompatCollector(sampler.snapshot))
     analysis = TrailingAnalysis(store, config.analysis_window, thresholds or Thresholds(), sink)
@@ -111,6 +114,7 @@ def build_agent(
         store=store,
         serve=lambda: serve(registry, config.listen_host, config.listen_port),
         extra_jobs=tuple(jobs),
+        skips=skips,
     )
 
 
