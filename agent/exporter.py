@@ -43,6 +43,11 @@ GPU_LABELS = (
     "slurm_job_id",
     *MIG_LABELS,
 )
+#: Attribution fields on per-process series, in label order; the first two are the identity
+#: labels ``identity_labels = false`` drops.
+PROCESS_FIELDS = ("comm", "user", "slurm_job_id", "k8s_pod_uid", "container_id", "systemd_unit")
+#: A field's label name where it differs.
+PROCESS_LABELS = {"k8s_pod_uid": "pod_uid"}
 #: dcgm-exporter's labels; on a MIG instance ``gpu`` and ``UUID`` are its parent's, as there.
 DCGM_SERIES_LABELS = (*DCGM_LABELS, *MIG_LABELS)
 
@@ -218,10 +223,14 @@ class AgentCollector(Collector):
         snapshot: Callable[[], Snapshot],
         store_stats: Callable[[], StoreStats],
         version: str,
+        identity_labels: bool = True,
     ) -> None:
         self._snapshot = snapshot
         self._store_stats = store_stats
         self._version = version
+        #: Without them (``identity_labels = false``), per-process series carry no ``user``
+        #: and ``comm``: who ran what stays in the store, out of a shared Prometheus.
+        self._process_fields = PROCESS_FIELDS if identity_labels else PROCESS_FIELDS[2:]
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
@@ -282,18 +291,8 @@ class AgentCollector(Collector):
         )
 
     def _processes(self, snap: Snapshot) -> Iterator[Metric]:
-        names = [
-            "node",
-            "gpu",
-            "uuid",
-            "pid",
-            "comm",
-            "user",
-            "slurm_job_id",
-            "pod_uid",
-            "container_id",
-            "systemd_unit",
-        ]
+        fields = self._process_fields
+        names = ["node", "gpu", "uuid", "pid", *(PROCESS_LABELS.get(f, f) for f in fields)]
         memory = GaugeMetricFamily(
             "aiscope_gpu_process_memory_used_bytes",
             "Device memory used by a process.",
@@ -308,15 +307,7 @@ class AgentCollector(Collector):
         for p in snap.processes:
             a = p.attribution
             values = [snap.node, index.get(p.uuid, ""), p.uuid, str(p.sample.pid)] + [
-                (getattr(a, f) or "") if a else ""
-                for f in (
-                    "comm",
-                    "user",
-                    "slurm_job_id",
-                    "k8s_pod_uid",
-                    "container_id",
-                    "systemd_unit",
-                )
+                (getattr(a, f) or "") if a else "" for f in fields
             ]
             if p.sample.used_memory_bytes is not None:
                 memory.add_metric(values, p.sample.used_memory_bytes)

@@ -91,7 +91,9 @@ def build_agent(
         store=store,
         deadline_seconds=config.nvml_deadline,
     )
-    collector = AgentCollector(sampler.snapshot, store.stats, __version__)
+    collector = AgentCollector(
+        sampler.snapshot, store.stats, __version__, identity_labels=config.identity_labels
+    )
     sink = AnalysisSink(config.analysis_window)
     skips = Skips()
     collectors: list[Any] = [collector, sink, SkipsCollector(config.node, skips.totals)]
