@@ -111,3 +111,12 @@ def test_the_daemonset_drops_identity_labels_and_may_only_list_pods(tmp_path) ->
     role = docs[("ClusterRole", "aiscope-agent")]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     assert not [k for k in docs if k[0] in ("Role", "RoleBinding")]
+
+
+def test_the_hostpath_store_is_closed_to_other_users_before_it_is_handed_over() -> None:
+    pod = _built()[("DaemonSet", "aiscope-agent")]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    script = init["command"][-1]
+    # chmod while root still owns it (no CAP_FOWNER needed), then chown: mode 0750, uid 65532
+    assert script.index("chmod 0750 /var/lib/aiscope") < script.index("chown 65532:65532")
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
