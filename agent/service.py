@@ -54,6 +54,8 @@ class Agent:
     extra_jobs: tuple[tuple[str, Callable[[], object], float], ...] = ()
     #: Runs the jobs skipped by overrunning (the exporter's ``aiscope_agent_skipped_runs``).
     skips: Skips = field(default_factory=Skips)
+    #: Dates the rollup and prune jobs' "now" (the sampler has its own, the same in practice).
+    clock: Callable[[], float] = time.time
 
 
 def _guard(
@@ -75,10 +77,10 @@ def _guard(
     return run
 
 
-def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> Scheduler:
+def schedule(agent: Agent, clock: Callable[[], float] | None = None) -> Scheduler:
     """A started scheduler with the agent's five jobs and any extra ones."""
     c = agent.config
-    now = clock
+    now = clock or agent.clock
 
     jobs: list[tuple[str, Callable[[], object], float]] = [
         ("sample", agent.sampler.tick, c.interval),

@@ -11,6 +11,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,11 @@ def build_agent(
     simulate: str | None = None,
     sim_node: str | None = None,
     thresholds: Thresholds | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Agent:
     """The agent's parts for ``config``. ``virtual_gpus`` swaps the driver for virtual GPUs with a
-    synthetic load; ``simulate`` plays one node of a scenario live (its GPUs, host and /proc)."""
+    synthetic load; ``simulate`` plays one node of a scenario live (its GPUs, host and /proc).
+    ``clock`` dates samples, rollups and retention (bench/soak.py runs it faster than time)."""
     host = HostReader(config.node)
     procs = ProcReader()
     if simulate:
@@ -74,7 +77,7 @@ def build_agent(
         from sim.synthetic import synthetic_library  # noqa: PLC0415
 
         try:
-            library = synthetic_library(virtual_gpus, clock=time.time, model=virtual_model)
+            library = synthetic_library(virtual_gpus, clock=clock, model=virtual_model)
         except UnknownModel as exc:
             raise UnknownModel(f"--virtual-model: {exc}") from None
     store = Store(
@@ -89,6 +92,7 @@ def build_agent(
         host=host,
         procs=procs,
         store=store,
+        clock=clock,
         deadline_seconds=config.nvml_deadline,
     )
     collector = AgentCollector(
@@ -117,6 +121,7 @@ def build_agent(
         serve=lambda: serve(registry, config.listen_host, config.listen_port),
         extra_jobs=tuple(jobs),
         skips=skips,
+        clock=clock,
     )
 
 
