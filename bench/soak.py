@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -169,6 +170,18 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
 
 
+def theil_sen(xs: list[float], ys: list[float]) -> float:
+    """The median of the slopes between every pair of points: a trend that one odd cycle (a
+    floor read during a long analysis, a cycle too short to see the floor) does not move."""
+    pairs = [
+        (ys[j] - ys[i]) / (xs[j] - xs[i])
+        for i in range(len(xs))
+        for j in range(i + 1, len(xs))
+        if xs[j] != xs[i]
+    ]
+    return statistics.median(pairs) if pairs else 0.0
+
+
 def run(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     seconds = (args.warmup_days + args.days) * DAY / args.speed
     store, cycles = tmp / "soak.duckdb", tmp / "cycles.jsonl"
@@ -234,7 +247,14 @@ def verdict(rows: list[dict[str, Any]], args: argparse.Namespace) -> bool:
     t0 = rows[0]["sim_ts"]
     after = [r for r in rows if (r["sim_ts"] - t0) / DAY >= args.warmup_days]
     days = [(r["sim_ts"] - t0) / DAY for r in after]
-    fits = {k: slope(days, [r[k] for r in after]) for k in ("rss_floor", "pss_floor", "rss_mean")}
+    keys = ("rss_floor", "pss_floor", "rss_mean")
+    fits = {k: theil_sen(days, [r[k] for r in after]) for k in keys}
+    least = {k: slope(days, [r[k] for r in after]) for k in keys}
+    half = len(after) // 2
+    halves = [
+        theil_sen(days[:half], [r["rss_floor"] for r in after[:half]]),
+        theil_sen(days[half:], [r["rss_floor"] for r in after[half:]]),
+    ]
     runs = rows[-1]["runs"]
     quarter = max(1, len(rows) // 4)
     last = sum(r["store"] for r in rows[-quarter:]) / quarter
@@ -248,8 +268,12 @@ def verdict(rows: list[dict[str, Any]], args: argparse.Namespace) -> bool:
     ):
         print(
             f"  {name}: {after[0][key]:.1f} -> {after[-1][key]:.1f} MiB, "
-            f"slope {fits[key]:+.2f} MiB per simulated day"
+            f"slope {fits[key]:+.2f} MiB per simulated day (least squares {least[key]:+.2f})"
         )
+    print(
+        f"  RSS floor slope, first half {halves[0]:+.2f}, second half {halves[1]:+.2f} MiB per "
+        "simulated day"
+    )
     print(
         f"  store: last quarter {last / 2**20:.2f} MiB vs the one before {before / 2**20:.2f} MiB "
         f"({growth:+.1%})"
@@ -299,6 +323,9 @@ def main() -> int:
     parser.add_argument(
         "--trace", type=Path, help="trace Python allocations in the agent; write growth here"
     )
+    parser.add_argument(
+        "--judge", type=Path, help="judge the cycles a previous run saved with --json; run nothing"
+    )
     parser.add_argument("--json", type=Path, help="also write every cycle's figures here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
@@ -307,6 +334,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         return child(args)
+    if args.judge:
+        return 0 if verdict(json.loads(args.judge.read_text()), args) else 1
     print(
         f"soak: {args.gpus} virtual GPUs, clock x{args.speed:g}, {args.warmup_days:g} + "
         f"{args.days:g} simulated days, raw retention {args.raw_retention_days * 24:g} h, "
