@@ -48,6 +48,9 @@ class AgentConfig:
     rollup_interval: float = 300.0
     prune_interval: float = 3600.0
     dcgm_compat: bool = False
+    #: Export the ``user`` and ``comm`` labels of per-process series (off: the labels are
+    #: dropped from /metrics; the store keeps them). Off in the DaemonSet (docs/security.md).
+    identity_labels: bool = True
     #: The Kubernetes API server for pod names; "" means in-cluster when running in a pod.
     kubernetes_api: str = ""
     analysis_interval: float = 600.0
@@ -138,6 +141,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "rollup_interval": _positive_float,
     "prune_interval": _positive_float,
     "dcgm_compat": _boolean,
+    "identity_labels": _boolean,
     "kubernetes_api": lambda v: _text(v).strip(),
     "analysis_interval": _positive_float,
     "analysis_window": _positive_float,

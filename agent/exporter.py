@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from agent.httpd import Limits, Server, ServerStats
 from agent.snapshot import GpuProcess, Snapshot
 from agent.store import StoreStats
 from store.errors import Failure
@@ -42,6 +43,11 @@ GPU_LABELS = (
     "slurm_job_id",
     *MIG_LABELS,
 )
+#: Attribution fields on per-process series, in label order; the first two are the identity
+#: labels ``identity_labels = false`` drops.
+PROCESS_FIELDS = ("comm", "user", "slurm_job_id", "k8s_pod_uid", "container_id", "systemd_unit")
+#: A field's label name where it differs.
+PROCESS_LABELS = {"k8s_pod_uid": "pod_uid"}
 #: dcgm-exporter's labels; on a MIG instance ``gpu`` and ``UUID`` are its parent's, as there.
 DCGM_SERIES_LABELS = (*DCGM_LABELS, *MIG_LABELS)
 
@@ -217,10 +223,14 @@ class AgentCollector(Collector):
         snapshot: Callable[[], Snapshot],
         store_stats: Callable[[], StoreStats],
         version: str,
+        identity_labels: bool = True,
     ) -> None:
         self._snapshot = snapshot
         self._store_stats = store_stats
         self._version = version
+        #: Without them (``identity_labels = false``), per-process series carry no ``user``
+        #: and ``comm``: who ran what stays in the store, out of a shared Prometheus.
+        self._process_fields = PROCESS_FIELDS if identity_labels else PROCESS_FIELDS[2:]
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
@@ -254,6 +264,9 @@ class AgentCollector(Collector):
         if not snap.gpus and not snap.driver_up:
             # Host-only mode: no GPU is known, but "no GPU answered" must still be visible.
             up.add_metric([snap.node] + [""] * (len(GPU_LABELS) - 1), 0.0)
+        for index in snap.unopened_gpus:
+            # A GPU the driver lists but that could not be opened: down, known by index only.
+            up.add_metric([snap.node, str(index)] + [""] * (len(GPU_LABELS) - 2), 0.0)
         yield up
         yield _driver_up(snap)
         for spec in GPU_GAUGES:
@@ -278,18 +291,8 @@ class AgentCollector(Collector):
         )
 
     def _processes(self, snap: Snapshot) -> Iterator[Metric]:
-        names = [
-            "node",
-            "gpu",
-            "uuid",
-            "pid",
-            "comm",
-            "user",
-            "slurm_job_id",
-            "pod_uid",
-            "container_id",
-            "systemd_unit",
-        ]
+        fields = self._process_fields
+        names = ["node", "gpu", "uuid", "pid", *(PROCESS_LABELS.get(f, f) for f in fields)]
         memory = GaugeMetricFamily(
             "aiscope_gpu_process_memory_used_bytes",
             "Device memory used by a process.",
@@ -304,15 +307,7 @@ class AgentCollector(Collector):
         for p in snap.processes:
             a = p.attribution
             values = [snap.node, index.get(p.uuid, ""), p.uuid, str(p.sample.pid)] + [
-                (getattr(a, f) or "") if a else ""
-                for f in (
-                    "comm",
-                    "user",
-                    "slurm_job_id",
-                    "k8s_pod_uid",
-                    "container_id",
-                    "systemd_unit",
-                )
+                (getattr(a, f) or "") if a else "" for f in fields
             ]
             if p.sample.used_memory_bytes is not None:
                 memory.add_metric(values, p.sample.used_memory_bytes)
@@ -801,28 +796,84 @@ def build_registry(
 
 @dataclass(frozen=True, slots=True)
 class MetricsServer:
-    """A running ``/metrics`` endpoint; ``close`` stops it."""
+    """A running ``/metrics`` endpoint (:class:`agent.httpd.Server`); ``close`` stops it."""
 
-    server: Any
-    thread: threading.Thread
+    server: Server
+
+    @property
+    def port(self) -> int:
+        return self.server.port
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 class ListenError(Failure):
     """The metrics endpoint cannot bind its address (taken, not local, no permission)."""
 
 
-def serve(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
-    """Serve ``registry`` at ``http://host:port/metrics``. Raises :class:`ListenError` if the
-    bind fails."""
+def _healthz(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """``/healthz``: 200 while the endpoint's threads answer (cheaper than a scrape)."""
+    start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+    return [b"ok\n"]
+
+
+class SkipsCollector(Collector):
+    """``aiscope_agent_skipped_runs_total{job}``: scheduled runs a job skipped because its
+    previous run overran (``agent.schedule.Skips``; issue #27)."""
+
+    def __init__(self, node: str, totals: Callable[[], dict[str, int]]) -> None:
+        self._node = node
+        self._totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "aiscope_agent_skipped_runs",
+            "Scheduled job runs skipped because the job's previous run overran them.",
+            labels=["node", "job"],
+        )
+        for job, count in sorted(self._totals().items()):
+            family.add_metric([self._node, job], count)
+        yield family
+
+
+class HttpCollector(Collector):
+    """``aiscope_agent_http_*``: what the endpoint refused or cut short (issue #27)."""
+
+    def __init__(self, stats: ServerStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        for field, name, doc in (
+            ("requests_total", "aiscope_agent_http_requests", "Complete requests received."),
+            ("busy_total", "aiscope_agent_http_busy", "Requests answered 503 (workers busy)."),
+            (
+                "timeouts_total",
+                "aiscope_agent_http_header_timeouts",
+                "Connections closed before sending a whole request header in time.",
+            ),
+            (
+                "evicted_total",
+                "aiscope_agent_http_evicted",
+                "Incomplete connections dropped to stay under the connection limit.",
+            ),
+        ):
+            family = CounterMetricFamily(name, doc)
+            family.add_metric([], getattr(self._stats, field))
+            yield family
+
+
+def serve(registry: CollectorRegistry, host: str, port: int, **limits: Any) -> MetricsServer:
+    """Serve ``registry`` at ``http://host:port/metrics`` and ``/healthz`` (404 elsewhere),
+    within :class:`agent.httpd.Limits` (``limits`` overrides its fields). Raises
+    :class:`ListenError` if the bind fails."""
+    routes = {"/metrics": make_wsgi_app(registry), "/healthz": _healthz}
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        server = Server(host, port, routes, Limits(**limits))
     except OSError as exc:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    return MetricsServer(server=server, thread=thread)
+    registry.register(HttpCollector(server.stats))
+    return MetricsServer(server=server)
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -165,6 +165,8 @@ class Nvml:
         self.errors: Counter[str] = Counter()
         self._logged: set[tuple[str, str, str]] = set()
         self._lock = threading.Lock()
+        #: GPUs the driver reported at ``init`` (some may not have opened).
+        self.count = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -178,13 +180,8 @@ class Nvml:
         except pynvml.NVMLError as exc:
             self._count(_DRIVER_GONE.get(exc.value, "init_failed"))
             raise DriverUnavailable(f"NVML unavailable: {exc}") from exc
-        gpus = []
-        for index in range(count):
-            gpu = self._open(index)
-            if gpu is not None:
-                gpus.append(gpu)
-                gpus += self.mig_instances(gpu)
-        return gpus
+        self.count = count
+        return [gpu for index in range(count) for gpu in self.open_index(index)]
 
     def shutdown(self) -> None:
         try:
@@ -197,19 +194,49 @@ class Nvml:
         return None if value is None else _decode(value)
 
     def _open(self, index: int) -> Gpu | None:
+        """GPU ``index`` (without its MIG instances), or ``None`` when it cannot be opened."""
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _decode(pynvml.nvmlDeviceGetUUID(handle))
-        except pynvml.NVMLError as exc:
-            # A GPU that cannot even be opened is reported and skipped; the rest are sampled.
-            self._count("open_failed")
-            self._log_once(f"index {index}", "open", "error", f"cannot open GPU {index}: {exc}")
+            return self._open_gpu(index)
+        except DriverUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 (the per-GPU boundary, see open_index)
+            self._open_failed(index, exc)
             return None
+
+    def open_index(self, index: int) -> list[Gpu]:
+        """GPU ``index`` and its MIG instances, or ``[]`` when it cannot be opened: reported
+        once and skipped, so the rest are sampled. Any error counts, not only NVML's: a binding
+        that raised something else for one GPU stopped the whole agent at start (issue #27).
+        Only a driver that went away (:class:`DriverUnavailable`) is raised."""
+        gpu = self._open(index)
+        if gpu is None:
+            return []
+        try:
+            return [gpu, *self.mig_instances(gpu)]
+        except DriverUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 (as above)
+            self._open_failed(index, exc)
+            self.release(gpu)
+            return []
+
+    def _open_failed(self, index: int, exc: Exception) -> None:
+        self._count("open_failed")
+        self._log_once(f"index {index}", "open", "error", f"cannot open GPU {index}: {exc!r}")
+
+    def _open_gpu(self, index: int) -> Gpu:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _decode(pynvml.nvmlDeviceGetUUID(handle))
         gpu = Gpu(index=index, uuid=uuid, handle=handle)
         gpu.nvlink_count = self._nvlink_count(gpu)
         gpu.field_ids = _field_ids(gpu.nvlink_count)
         gpu.gpm_samples = self._gpm_alloc(gpu)
         return gpu
+
+    def unopened(self, gpus: Sequence[Gpu]) -> list[int]:
+        """Indices below the driver's GPU count that none of ``gpus`` has (never opened)."""
+        have = {g.index for g in gpus}
+        return [i for i in range(self.count) if i not in have]
 
     def reopen(self, gpu: Gpu) -> Gpu:
         """Fetch a fresh handle for a GPU that was lost, by index (a MIG instance: by its

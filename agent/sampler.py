@@ -31,7 +31,6 @@ from agent.host import HostReader
 from agent.nvml import (
     DriverUnavailable,
     Gpu,
-    GpuLost,
     Nvml,
     NvmlError,
     ProcessReading,
@@ -121,6 +120,9 @@ class Sampler:
         self._events_stop = threading.Event()
         self._events_thread: threading.Thread | None = None
         self._mig_checked_at = 0.0
+        self._unopened: list[int] = []  # GPUs the driver lists that could not be opened
+        self._unopened_failures = 0
+        self._unopened_retry_at = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -153,12 +155,21 @@ class Sampler:
         self._driver_failures = 0
         self._mig_checked_at = now  # the layout was just read
         self._gpus = [_GpuState(gpu) for gpu in gpus]
+        self._unopened = self._nvml.unopened(gpus)
+        self._unopened_retry_at = now + self._backoff.delay(1)
         for state in self._gpus:
-            try:
-                self._refresh_device(state.gpu, now)
-            except (GpuLost, DeadlineExceeded, DriverUnavailable) as exc:
-                self._mark_down(state, now, exc)
+            self._refresh_or_mark_down(state, now)
         self._start_event_watcher()
+
+    def _refresh_or_mark_down(self, state: _GpuState, now: float) -> bool:
+        """Read ``state``'s identity; any error marks that GPU down (issue #27: an unexpected
+        error while opening one GPU stopped the whole agent). True when it was read."""
+        try:
+            self._refresh_device(state.gpu, now)
+        except Exception as exc:  # noqa: BLE001 (the per-GPU boundary)
+            self._mark_down(state, now, exc)
+            return False
+        return True
 
     def _refresh_device(self, gpu: Gpu, now: float) -> None:
         device = self._runner.run(gpu.uuid, lambda: self._nvml.device(gpu, self.node, now))
@@ -174,6 +185,7 @@ class Sampler:
         with self._store.sampling(now):  # rows dated now are on their way until added
             if not self._driver_up and now >= self._driver_retry_at:
                 self._open_driver(now)
+            self._open_unopened(now)
             if self._driver_up and now - self._mig_checked_at >= MIG_CHECK_SECONDS:
                 self._mig_checked_at = now
                 self._check_mig_layouts(now)
@@ -198,6 +210,7 @@ class Sampler:
                 xid_events=tuple(sorted(self._counters.xid.items())),
                 last_xid=tuple(sorted(self._counters.last_xid.items())),
                 gpu_lost_events=tuple(sorted(self._counters.lost.items())),
+                unopened_gpus=tuple(self._unopened),
             )
 
     def _sample_gpus(self, now: float) -> list[GpuSample]:
@@ -214,11 +227,31 @@ class Sampler:
             elif isinstance(result, DriverUnavailable):
                 self._driver_lost(now, result)
                 break
-            elif isinstance(result, (GpuLost, DeadlineExceeded)):
+            elif isinstance(result, Exception):  # lost, hung, or any error of this GPU's
                 self._mark_down(state, now, result)
             elif isinstance(result, BaseException):
                 raise result
         return [read.get(s.gpu.uuid) or self._down_sample(s.gpu, now) for s in self._gpus]
+
+    def _open_unopened(self, now: float) -> None:
+        """Retry the GPUs that could not be opened at start, on the backoff schedule."""
+        if not self._unopened or now < self._unopened_retry_at or not self._driver_up:
+            return
+        self._unopened_failures += 1
+        self._unopened_retry_at = now + self._backoff.delay(self._unopened_failures + 1)
+        for index in list(self._unopened):
+            try:
+                opened = self._runner.run(f"index {index}", partial(self._nvml.open_index, index))
+            except (NvmlError, DeadlineExceeded):
+                continue
+            if not opened:
+                continue
+            self._unopened.remove(index)
+            log.info("GPU %d opened after %d retries", index, self._unopened_failures)
+            added = [_GpuState(g) for g in opened]
+            self._gpus = sorted([*self._gpus, *added], key=lambda s: s.gpu.index)
+            for state in added:
+                self._refresh_or_mark_down(state, now)
 
     def _check_mig_layouts(self, now: float) -> None:
         """Replace the instances of every GPU whose MIG devices changed since they were opened
@@ -251,10 +284,7 @@ class Sampler:
         added = [_GpuState(g) for g in fresh]
         self._gpus = kept[:at] + added + kept[at:]
         for state in added:
-            try:
-                self._refresh_device(state.gpu, now)
-            except (GpuLost, DeadlineExceeded, DriverUnavailable) as exc:
-                self._mark_down(state, now, exc)
+            self._refresh_or_mark_down(state, now)
 
     def _driver_lost(self, now: float, exc: Exception) -> None:
         """The driver went away under a running agent: every GPU is down until NVML can be
@@ -276,7 +306,8 @@ class Sampler:
         if state.up:
             state.up = False
             state.reason = "hung" if isinstance(exc, DeadlineExceeded) else "lost"
-            log.error("GPU %d (%s) is %s: %s", state.gpu.index, state.gpu.uuid, state.reason, exc)
+            why = exc if isinstance(exc, NvmlError | DeadlineExceeded) else repr(exc)
+            log.error("GPU %d (%s) is %s: %s", state.gpu.index, state.gpu.uuid, state.reason, why)
             self._event(now, f"gpu_{state.reason}", state.gpu.uuid, str(exc))
             with self._lock:
                 self._counters.lost[state.gpu.uuid] += 1
@@ -284,19 +315,14 @@ class Sampler:
     def _try_reopen(self, state: _GpuState, now: float) -> bool:
         try:
             fresh = self._runner.run(state.gpu.uuid, lambda: self._nvml.reopen(state.gpu))
-        except (NvmlError, DeadlineExceeded):
+        except Exception:  # noqa: BLE001 (still down, whatever the error; retried later)
             state.failures += 1
             state.retry_at = now + self._backoff.delay(state.failures)
             return False
         log.info("GPU %d (%s) is back", fresh.index, fresh.uuid)
         self._event(now, "gpu_recovered", fresh.uuid, f"after {state.failures} retries")
         state.gpu, state.up, state.failures, state.reason = fresh, True, 0, None
-        try:
-            self._refresh_device(fresh, now)
-        except (GpuLost, DeadlineExceeded, DriverUnavailable) as exc:
-            self._mark_down(state, now, exc)
-            return False
-        return True
+        return self._refresh_or_mark_down(state, now)
 
     # -- processes -----------------------------------------------------------------------------
 
@@ -387,7 +413,7 @@ class Sampler:
             "processes", [(s.gpu.uuid, partial(self._nvml.processes, s.gpu)) for s in live]
         )
         for state, result in zip(live, results, strict=True):
-            if isinstance(result, (GpuLost, DeadlineExceeded, DriverUnavailable)):
+            if isinstance(result, Exception):  # lost, hung, or any error of this GPU's
                 self._mark_down(state, now, result)
             elif isinstance(result, BaseException):
                 raise result

@@ -24,6 +24,53 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 
+#: At most one "runs skipped" log line per job in this many seconds (the counter has them all).
+SKIP_LOG_SECONDS = 300.0
+
+
+class Skips:
+    """Runs skipped because their job overran, by job name: counted for the exporter
+    (``aiscope_agent_skipped_runs_total``) and logged at most once per ``log_seconds`` per job,
+    with the count since the last line (issue #27: they were counted but neither logged nor
+    exported). Thread-safe: each job's thread adds its own."""
+
+    def __init__(
+        self, log_seconds: float = SKIP_LOG_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._log_seconds = log_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._total: dict[str, int] = {}
+        self._unlogged: dict[str, int] = {}
+        self._logged_at: dict[str, float] = {}
+
+    def add(self, job: str, runs: int, interval_seconds: float) -> None:
+        if runs <= 0:
+            return
+        now = self._clock()
+        with self._lock:
+            self._total[job] = self._total.get(job, 0) + runs
+            self._unlogged[job] = self._unlogged.get(job, 0) + runs
+            last = self._logged_at.get(job)
+            if last is not None and now - last < self._log_seconds:
+                return
+            self._logged_at[job] = now
+            count, self._unlogged[job] = self._unlogged[job], 0
+            total = self._total[job]
+        log.warning(
+            "job %s overran its %gs interval: %d runs skipped (%d since start)",
+            job,
+            interval_seconds,
+            count,
+            total,
+        )
+
+    def totals(self) -> dict[str, int]:
+        """Skipped runs since start, by job name."""
+        with self._lock:
+            return dict(self._total)
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """``fn`` every ``interval_seconds``; its first run one interval after the start."""
@@ -45,15 +92,25 @@ class Scheduler:
     """Runs :class:`Job` s on their own threads until :meth:`shutdown`."""
 
     def __init__(
-        self, jobs: list[Job], clock: Callable[[], float] = time.monotonic, name: str = "job"
+        self,
+        jobs: list[Job],
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "job",
+        skips: Skips | None = None,
     ) -> None:
         self._jobs = jobs
         self._clock = clock
         self._prefix = name
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        #: Runs skipped because the job overran them, by job name.
-        self.skipped: dict[str, int] = {job.name: 0 for job in jobs}
+        #: Runs skipped because the job overran them (counted, exported, logged rate-limited).
+        self.skips = skips or Skips(clock=clock)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Runs skipped because the job overran them, by job name (every job, 0 included)."""
+        totals = self.skips.totals()
+        return {job.name: totals.get(job.name, 0) for job in self._jobs}
 
     def start(self) -> None:
         started = self._clock()
@@ -79,7 +136,9 @@ class Scheduler:
             self._run(job)
             now = self._clock()
             later = next_due(due + job.interval_seconds, job.interval_seconds, now)
-            self.skipped[job.name] += round((later - due) / job.interval_seconds) - 1
+            self.skips.add(
+                job.name, round((later - due) / job.interval_seconds) - 1, job.interval_seconds
+            )
             due = later
 
     @staticmethod

@@ -33,7 +33,7 @@ from types import FrameType
 from agent.config import AgentConfig
 from agent.exporter import MetricsServer
 from agent.sampler import Sampler
-from agent.schedule import Job, Scheduler
+from agent.schedule import Job, Scheduler, Skips
 from agent.store import Store, StoreError, StoreLocked
 from store.errors import Failure
 
@@ -52,6 +52,10 @@ class Agent:
     job_cpu_seconds: dict[str, float] = field(default_factory=dict)
     #: More (name, function, interval seconds) jobs from whoever composed the agent.
     extra_jobs: tuple[tuple[str, Callable[[], object], float], ...] = ()
+    #: Runs the jobs skipped by overrunning (the exporter's ``aiscope_agent_skipped_runs``).
+    skips: Skips = field(default_factory=Skips)
+    #: Dates the rollup and prune jobs' "now" (the sampler has its own, the same in practice).
+    clock: Callable[[], float] = time.time
 
 
 def _guard(
@@ -73,10 +77,10 @@ def _guard(
     return run
 
 
-def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> Scheduler:
+def schedule(agent: Agent, clock: Callable[[], float] | None = None) -> Scheduler:
     """A started scheduler with the agent's five jobs and any extra ones."""
     c = agent.config
-    now = clock
+    now = clock or agent.clock
 
     jobs: list[tuple[str, Callable[[], object], float]] = [
         ("sample", agent.sampler.tick, c.interval),
@@ -87,7 +91,8 @@ def schedule(agent: Agent, clock: Callable[[], float] = time.time) -> Scheduler:
         *agent.extra_jobs,
     ]
     scheduler = Scheduler(
-        [Job(name, _guard(name, fn, agent.job_cpu_seconds), seconds) for name, fn, seconds in jobs]
+        [Job(name, _guard(name, fn, agent.job_cpu_seconds), seconds) for name, fn, seconds in jobs],
+        skips=agent.skips,
     )
     scheduler.start()
     return scheduler
@@ -108,7 +113,7 @@ def run(agent: Agent, stop: threading.Event | None = None) -> int:
         "aiscope agent on %s: metrics at http://%s:%d/metrics, store %s",
         agent.config.node,
         agent.config.listen_host,
-        server.server.server_port,
+        server.port,
         agent.config.store,
     )
     scheduler = schedule(agent)

@@ -44,3 +44,5 @@ class Snapshot:
     xid_events: tuple[tuple[str, int], ...] = ()
     last_xid: tuple[tuple[str, int], ...] = ()  # uuid -> the last XID code seen
     gpu_lost_events: tuple[tuple[str, int], ...] = ()
+    #: Indices of GPUs the driver lists that could not be opened (no uuid known yet).
+    unopened_gpus: tuple[int, ...] = ()

@@ -11,6 +11,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from agent.exporter import (
     DcgmCompatCollector,
     PodInfoCollector,
     PublishCollector,
+    SkipsCollector,
     build_registry,
     serve,
 )
@@ -29,6 +31,7 @@ from agent.host import HostReader
 from agent.k8s import PodDirectory
 from agent.nvml import Nvml
 from agent.sampler import Sampler
+from agent.schedule import Skips
 from agent.service import Agent
 from agent.store import Store
 from aiscope import __version__
@@ -54,9 +57,11 @@ def build_agent(
     simulate: str | None = None,
     sim_node: str | None = None,
     thresholds: Thresholds | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Agent:
     """The agent's parts for ``config``. ``virtual_gpus`` swaps the driver for virtual GPUs with a
-    synthetic load; ``simulate`` plays one node of a scenario live (its GPUs, host and /proc)."""
+    synthetic load; ``simulate`` plays one node of a scenario live (its GPUs, host and /proc).
+    ``clock`` dates samples, rollups and retention (bench/soak.py runs it faster than time)."""
     host = HostReader(config.node)
     procs = ProcReader()
     if simulate:
@@ -72,7 +77,7 @@ def build_agent(
         from sim.synthetic import synthetic_library  # noqa: PLC0415
 
         try:
-            library = synthetic_library(virtual_gpus, clock=time.time, model=virtual_model)
+            library = synthetic_library(virtual_gpus, clock=clock, model=virtual_model)
         except UnknownModel as exc:
             raise UnknownModel(f"--virtual-model: {exc}") from None
     store = Store(
@@ -87,11 +92,15 @@ def build_agent(
         host=host,
         procs=procs,
         store=store,
+        clock=clock,
         deadline_seconds=config.nvml_deadline,
     )
-    collector = AgentCollector(sampler.snapshot, store.stats, __version__)
+    collector = AgentCollector(
+        sampler.snapshot, store.stats, __version__, identity_labels=config.identity_labels
+    )
     sink = AnalysisSink(config.analysis_window)
-    collectors: list[Any] = [collector, sink]
+    skips = Skips()
+    collectors: list[Any] = [collector, sink, SkipsCollector(config.node, skips.totals)]
     if config.dcgm_compat:
         collectors.append(DcgmCompatCollector(sampler.snapshot))
     analysis = TrailingAnalysis(store, config.analysis_window, thresholds or Thresholds(), sink)
@@ -111,6 +120,8 @@ def build_agent(
         store=store,
         serve=lambda: serve(registry, config.listen_host, config.listen_port),
         extra_jobs=tuple(jobs),
+        skips=skips,
+        clock=clock,
     )
 
 

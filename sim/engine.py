@@ -40,6 +40,7 @@ from sim.vnvml import (
     VirtualProcess,
     mig_uuid,
     partition,
+    pci_bus_id,
 )
 from sim.workloads import (
     SW_POWER_CAP,
@@ -135,7 +136,7 @@ class NodeSim:
                 i,
                 virtual_uuid(node_seed, i),
                 self.spec.profile,
-                f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+                pci_bus_id(i),
             )
             for i in range(self.spec.gpus)
         ]

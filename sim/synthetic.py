@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 
 from sim.profiles import DeviceProfile, profile
-from sim.vnvml import VirtualGpu, VirtualNvmlLibrary, VirtualProcess
+from sim.vnvml import VirtualGpu, VirtualNvmlLibrary, VirtualProcess, pci_bus_id
 
 
 def virtual_uuid(node_seed: int, index: int) -> str:
@@ -28,7 +28,7 @@ def make_gpus(count: int, model: str = "H100-80GB", seed: int = 0) -> list[Virtu
             index=i,
             uuid=virtual_uuid(seed, i),
             profile=spec,
-            pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+            pci_bus_id=pci_bus_id(i),
         )
         for i in range(count)
     ]

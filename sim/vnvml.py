@@ -105,6 +105,18 @@ class VirtualMigInstance:
         )
 
 
+#: GPUs per PCI domain in :func:`pci_bus_id` (an 8-GPU baseboard's bus numbers).
+GPUS_PER_DOMAIN = 8
+
+
+def pci_bus_id(index: int) -> str:
+    """A plausible PCI bus id for GPU ``index`` (``DDDDDDDD:BB:DD.F``, 16 characters): eight
+    GPUs per domain on buses 0x18, 0x28 ... 0x88, then the next domain, as multi-baseboard nodes
+    (DGX-2, HGX-2) number them. Any index fits; the first eight are as before."""
+    domain, slot = divmod(index, GPUS_PER_DOMAIN)
+    return f"{domain:08X}:{0x18 + 0x10 * slot:02X}:00.0"
+
+
 @dataclass(slots=True)
 class VirtualGpu:
     """One virtual GPU. Gauges are set by whoever drives it; counters integrate with ``advance``."""
@@ -136,6 +148,9 @@ class VirtualGpu:
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
     hang: threading.Event | None = None
+    #: An exception every call on this GPU raises (not an NVML error code): a driver binding
+    #: that misbehaves for one GPU (issue #27: one such GPU stopped the whole agent).
+    fault: Exception | None = None
     # Integrated counters (driver-side state).
     clock_seconds: float = 0.0
     energy_mj: float = 0.0
@@ -305,6 +320,8 @@ class VirtualNvmlLibrary:
         gpu = self.gpus[index]
         if gpu.hang is not None:
             gpu.hang.wait()
+        if gpu.fault is not None:
+            raise gpu.fault
         if gpu.lost:
             return ERROR_GPU_IS_LOST
         now = self.clock()
@@ -426,10 +443,11 @@ class VirtualNvmlLibrary:
         if isinstance(gpu, int):
             return gpu
         info = _out(out)
+        domain, bus, rest = gpu.pci_bus_id.split(":")
         info.busId = gpu.pci_bus_id.encode()
-        info.busIdLegacy = gpu.pci_bus_id.encode()
-        info.domain, bus, _ = 0, int(gpu.pci_bus_id.split(":")[1], 16), 0
-        info.bus = bus
+        # NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT: a 4-digit domain, to fit its 16-byte field
+        info.busIdLegacy = f"{int(domain, 16):04X}:{bus}:{rest}".encode()
+        info.domain, info.bus = int(domain, 16), int(bus, 16)
         return SUCCESS
 
     def _nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> int:

@@ -3,13 +3,15 @@ stop that waits for the running job."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.schedule import Job, Scheduler, next_due
+from agent.exporter import SkipsCollector, build_registry, render
+from agent.schedule import Job, Scheduler, Skips, next_due
 
 
 @given(
@@ -98,3 +100,31 @@ def test_shutdown_waits_for_the_running_job() -> None:
     assert entered.wait(2)
     scheduler.shutdown(wait=True)
     assert finished.is_set()
+
+
+def test_skipped_runs_are_counted_exported_and_logged_at_most_once_per_period(caplog) -> None:
+    now = [0.0]
+    skips = Skips(log_seconds=300.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="agent.schedule"):
+        for _ in range(100):  # a sample job overrunning by 2 ticks, every 10 s
+            skips.add("sample", 2, 1.0)
+            now[0] += 10.0
+        skips.add("flush", 0, 10.0)  # nothing skipped: nothing counted or logged
+    lines = [r.getMessage() for r in caplog.records]
+    # 1000 s of overruns: a line at 0, 300, 600 and 900 s, each with the runs since the last
+    assert len(lines) == 4, lines
+    assert lines[0] == "job sample overran its 1s interval: 2 runs skipped (2 since start)"
+    assert lines[1].endswith("60 runs skipped (62 since start)")
+    assert skips.totals() == {"sample": 200}
+    text = render(build_registry([SkipsCollector("n1", skips.totals)], process_metrics=False))
+    assert b'aiscope_agent_skipped_runs_total{job="sample",node="n1"} 200.0' in text
+
+
+def test_the_scheduler_reports_its_skips_to_the_shared_counter() -> None:
+    skips = Skips()
+    scheduler = Scheduler([Job("slow", lambda: time.sleep(0.1), 0.02)], skips=skips)
+    scheduler.start()
+    time.sleep(0.35)
+    scheduler.shutdown()
+    assert skips.totals()["slow"] >= 6
+    assert scheduler.skipped == skips.totals()

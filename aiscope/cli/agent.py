@@ -61,6 +61,14 @@ def agent_run(
             "existing dashboards.",
         ),
     ] = None,
+    identity_labels: Annotated[
+        bool | None,
+        typer.Option(
+            "--identity-labels/--no-identity-labels",
+            help="Label per-process series with user and command name (default on; "
+            "--no-identity-labels drops both from /metrics, the store keeps them).",
+        ),
+    ] = None,
     virtual_gpus: Annotated[
         int | None,
         typer.Option(
@@ -121,6 +129,7 @@ def agent_run(
         "node": node,
         "duration": duration,
         "dcgm_compat": dcgm_compat,
+        "identity_labels": identity_labels,
         "publish": publish,
         "publish_interval": publish_interval,
     }
