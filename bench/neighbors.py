@@ -17,6 +17,8 @@ builds stores of GPUs shared by two tenants, in the shapes that matter, and scor
 * ``unharmed``: a light tenant (0.2-0.3 of the GPU) starts with a greedy one (0.95-1.0); the
   light one gets all it asks for. Right answer: a finding for the greedy one only (measured
   where it has a twin, else null), nothing for the light one, with or without its twin.
+* ``outlives``: two start together and one runs on alone for 1-2 h after the other ends: the
+  survivor is measured from its own solo time, the other from its twin (or null without one).
 * ``second``: one tenant runs alone for 3 h, then the other joins (with or without a twin
   elsewhere): the case the analyzer handled before, kept as a regression check.
 
@@ -313,7 +315,10 @@ def co_started(
     jobs: tuple[Job, Job],
     demands: tuple[float, float],
     twins: tuple[bool, bool],
+    outlived: float = 0.0,
 ) -> None:
+    """Two tenants start together; with ``outlived`` hours, the second runs on alone after the
+    first ends (measured from its own solo time, the first from its twin or null)."""
     templates = [template_for(fleet, j) for j in jobs]
     tenants = [run_of(fleet, j, d, tp) for j, d, tp in zip(jobs, demands, templates, strict=True)]
     gpu_type = jobs[0].gpu_type
@@ -322,9 +327,13 @@ def co_started(
             alone(fleet, t, tp, gpu_type)
     start = fleet.rng.uniform(7.0, 9.0)
     end = start + fleet.rng.uniform(3.0, 6.0)
-    uuid, slowdowns = place(fleet, [(t, start, end) for t in tenants], gpu_type)
-    for t, twin in zip(tenants, twins, strict=True):
-        fleet.truths.append(Truth(uuid, t.name, shape, slowdowns[t.name], twin))
+    ends = (end, end + outlived)
+    uuid, slowdowns = place(
+        fleet, [(t, start, e) for t, e in zip(tenants, ends, strict=True)], gpu_type
+    )
+    measurable = (twins[0], twins[1] or outlived > 0)
+    for t, known in zip(tenants, measurable, strict=True):
+        fleet.truths.append(Truth(uuid, t.name, shape, slowdowns[t.name], known))
 
 
 def never_solo(fleet: Fleet, jobs: list[Job]) -> None:
@@ -375,6 +384,9 @@ def build(seed: int, jobs: list[Job], proportional: bool = False) -> Fleet:
         co_started(fleet, "unharmed", pair_of(fleet, jobs), light, (i % 2 == 0, i < 2))
     for i in range(2):
         second(fleet, jobs, twin=i == 0)
+    for i in range(2):
+        greedy = (u(0.7, 1.0), u(0.7, 1.0))
+        co_started(fleet, "outlives", pair_of(fleet, jobs), greedy, (i == 0, False), u(1.0, 2.0))
     return fleet
 
 
