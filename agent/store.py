@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -35,6 +36,7 @@ from typing import Any
 import duckdb
 
 from agent.redact import redact_cmdline
+from store.safewrite import effective_mode
 from store.schema import (
     ALL_RECORDS,
     KEYED_RECORDS,
@@ -338,10 +340,14 @@ class Store:
             )
             raise NotWritable(message) from None
         con = self._session()
+        created = not self.path.exists()
         try:
             con.execute(f"ATTACH ? AS {_ALIAS}", [str(self.path)])
         except duckdb.Error as exc:
             raise wrap(self.path, exc) from exc
+        if created:  # it holds other users' processes: 0640 or the umask, whichever is stricter
+            with suppress(OSError):
+                os.chmod(self.path, effective_mode())
         try:
             con.execute(f"USE {_ALIAS}")
             if not self._initialized:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from store.errors import BadInput, Failure
+from store.masking import mask_url
 from store.safewrite import copy_file
 
 SCHEMES = ("s3", "gs", "az")
@@ -89,12 +90,17 @@ def parse(text: str, what: str = "--to") -> Location:
     match = _URL.match(text)
     if not match or match.group("scheme") not in SCHEMES:
         raise BadLocation(
-            f"{what} {text}: unknown location (use a directory, s3://BUCKET/PREFIX, "
+            f"{what} {mask_url(text)}: unknown location (use a directory, s3://BUCKET/PREFIX, "
             "gs://BUCKET/PREFIX or az://CONTAINER/PREFIX)"
         )
-    bucket = match.group("bucket")
+    bucket, scheme = match.group("bucket"), match.group("scheme")
     if not bucket:
-        raise BadLocation(f"{what} {text}: no bucket (use {match.group('scheme')}://BUCKET/PREFIX)")
+        raise BadLocation(f"{what} {mask_url(text)}: no bucket (use {scheme}://BUCKET/PREFIX)")
+    if "@" in bucket:  # never echo, log or store credentials given in the location
+        raise BadLocation(
+            f"{what} {mask_url(text)}: credentials in the location are not accepted (they would "
+            "land in logs); give them as usual (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, AZURE_*)"
+        )
     prefix = (match.group("prefix") or "").strip("/")
     root = f"{bucket}/{prefix}" if prefix else bucket
     return Location(match.group("scheme"), root)

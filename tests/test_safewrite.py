@@ -70,3 +70,17 @@ def _source(tmp_path: Path, data: bytes) -> Path:
     path = tmp_path / "source.bin"
     path.write_bytes(data)
     return path
+
+
+def test_a_new_store_is_0640_under_the_umask(tmp_path: Path) -> None:
+    """The agent's store holds other users' command lines: created 0640, not 0644."""
+    from agent.store import Store
+
+    old = os.umask(0o022)
+    try:
+        store = Store(tmp_path / "node.duckdb")
+        store.check_writable()
+        store.close()
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "node.duckdb") == PRIVATE_MODE

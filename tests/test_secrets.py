@@ -193,4 +193,9 @@ def test_object_store_credentials_never_echo(folders: tuple[Path, Path], tmp_pat
         "--debug", "publish", "--store", str(store), "--to", "s3://bucket/fleet", env=env
     )
     assert done.returncode != 0
-    assert not _leaks(out, done.stdout, done.stderr)
+    outputs = [done.stdout, done.stderr]
+    for location in (f"s3://AKIAEXAMPLE:{SECRET}@bucket/fleet", f"az://c/p?sv=1&sig={SECRET}"):
+        refused = run_aiscope("publish", "--store", str(store), "--to", location)
+        assert refused.returncode == 2 and refused.stderr.startswith("aiscope: --to "), refused
+        outputs += [refused.stdout, refused.stderr]
+    assert not _leaks(out, *outputs)
