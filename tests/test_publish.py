@@ -572,9 +572,17 @@ def test_whole_days_are_compacted_and_read_alone(tmp_path: Path) -> None:
     doc = analyze([target.root], since="7d")
     for table in ("gpu_samples", "host_samples"):
         assert _difference(store.path, root, table)[1:] == (0, 0)
-    # The short segments of a compacted day are never read again.
-    for hourly in root.rglob("*_20260528T2[0-3]0000Z_*.parquet"):
-        hourly.write_bytes(b"superseded")
+    # Issue 26: once a day is whole, its hour segments are removed: one object per table per
+    # node-day for finished days; the 29th (compacted by the second run) too, the 30th not yet.
+    for day in ("2026-05-28", "2026-05-29"):
+        for node in ("n1", "n2"):
+            for table in ("gpu_samples", "host_samples"):
+                assert len(list((root / f"table={table}/day={day}/node={node}").iterdir())) == 1
+                assert not list(root.glob(f"recent/table={table}/day={day}/node={node}/*"))
+    assert list(root.glob("recent/table=gpu_samples/day=2026-05-30/node=n1/*.parquet"))
+    # A short segment left behind (a publisher without delete rights) is never read again.
+    stale = root / "recent/table=gpu_samples/day=2026-05-28/node=n1/n1_stale.parquet"
+    stale.write_bytes(b"superseded")
     assert analyze([target.root], since="7d") == doc
     assert publish(store, target, start + 40 * 3600).rows == 0
     store.close()

@@ -89,4 +89,11 @@ def publish_command(
     typer.echo(
         f"published {result.segments} segments ({result.rows} rows, {result.bytes} bytes) "
         f"of {path} to {target}"
+        + (f"; removed {result.removed} superseded hour segments" if result.removed else "")
     )
+    if result.remove_failures:
+        typer.echo(
+            f"aiscope: could not remove {result.remove_failures} superseded hour segments "
+            f"(they stay; readers skip them): {result.remove_error}",
+            err=True,
+        )
