@@ -444,6 +444,31 @@ def test_agent_publish_job_backs_off_and_reports(
     store.close()
 
 
+def test_the_agent_removes_its_hour_segments_once_a_day_is_whole(tmp_path: Path) -> None:
+    """Issue 26: the agent's publisher, past a day's end and its recheck window, writes the
+    day whole and then removes that day's hour segments of its node; the metrics count them."""
+    start = 1_780_000_000.0  # 2026-05-28T20:26:40Z
+    store = _store_with_rows(tmp_path / "s.duckdb", ["n1"], start, hours=6, step=300)
+    target = loc.parse(str(tmp_path / "fleet"))
+    now = [start + 2 * 3600]  # the 28th not over: hour segments only
+    job = PublishJob(store, target, 3600, lateness_seconds=10, clock=lambda: now[0])
+    job.run()
+    root = Path(target.root)
+    hours = sorted(root.glob("recent/table=gpu_samples/day=2026-05-28/node=n1/*.parquet"))
+    assert len(hours) >= 2 and job.stats().removed_total == 0
+    now[0] = start + 6 * 3600  # the 29th, 02:26: the 28th is over and past its recheck
+    job.run()
+    assert not list(root.glob("recent/table=*/day=2026-05-28/node=n1/*"))
+    assert len(list(root.glob("table=gpu_samples/day=2026-05-28/node=n1/*.parquet"))) == 1
+    stats = job.stats()
+    # 20:00 to 23:00 of the 28th, gpu and host samples: 8 hour segments written, 8 removed.
+    assert (stats.removed_total, stats.remove_failures_total) == (8, 0)
+    text = render(build_registry([PublishCollector("n1", job.stats)])).decode()
+    assert f'aiscope_publish_superseded_removed_total{{location="{target}",node="n1"}} ' in text
+    assert "aiscope_publish_superseded_remove_failures_total" in text
+    store.close()
+
+
 def test_locations_from_text_and_environment() -> None:
     assert loc.parse("s3://bucket/a/b/").url == "s3://bucket/a/b"
     assert loc.parse("gs://bucket").root == "bucket"
