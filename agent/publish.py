@@ -198,10 +198,14 @@ class _Removal:
         """Remove the hour segments of ``table`` on ``day`` of ``nodes``, whose whole-day
         segment has just been written (write the day, then delete the hours: a reader that
         lists in between sees both and takes the day; never neither)."""
+        self.day_parts(location, table, day, {node_part(n) for n in nodes})
+
+    def day_parts(self, location: loc.Location, table: str, day: str, parts: set[str]) -> None:
+        """:meth:`day` for nodes as their path parts (``node=`` escaped)."""
         if not self.enabled:
             return
-        for node in sorted(nodes):
-            folder = f"{RECENT}table={table}/day={day}/node={node_part(node)}"
+        for part in sorted(parts):
+            folder = f"{RECENT}table={table}/day={day}/node={part}"
             try:
                 hours = [e.relpath for e in loc.list_files(location, folder)]
                 loc.delete(location, hours)
@@ -249,6 +253,29 @@ def _compact(
         if start >= end > daily.watermarks.get(table, 0.0):
             store.set_published(key, table, end)
     return totals[0], totals[1], totals[2]
+
+
+def sweep(location: loc.Location) -> tuple[int, int, str | None]:
+    """Remove the hour segments under ``recent/`` of every node-day that has its whole-day
+    segment (left by publishers before they removed their own, or without delete rights):
+    ``aiscope publish --compact``. Only where the day's file is there (never a gap).
+    Returns (removed, failed, the first error)."""
+    removal = _Removal(True)
+    for table in SAMPLE_TABLES:
+        for day_dir in loc.list_dirs(location, f"{RECENT}table={table}"):
+            day = day_dir.removeprefix("day=")
+            hours = set(loc.list_dirs(location, f"{RECENT}table={table}/{day_dir}"))
+            whole = set(loc.list_dirs(location, f"table={table}/{day_dir}")) & hours
+            done = {n.removeprefix("node=") for n in whole if _has_day(location, table, day, n)}
+            removal.day_parts(location, table, day, done)
+    return removal.removed, removal.failures, removal.error
+
+
+def _has_day(location: loc.Location, table: str, day: str, node_dir: str) -> bool:
+    start = dt.datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=dt.UTC).timestamp()
+    name = f"_{table}_{stamp(start)}_{stamp(start + DAY_SECONDS)}.parquet"
+    files = loc.list_files(location, f"table={table}/day={day}/{node_dir}")
+    return any(f.relpath.endswith(name) for f in files)
 
 
 def _closed(table: str, state: PublishState, until: float, segment_seconds: float) -> float:

@@ -469,6 +469,31 @@ def test_the_agent_removes_its_hour_segments_once_a_day_is_whole(tmp_path: Path)
     store.close()
 
 
+def test_publish_compact_sweeps_hours_left_beside_whole_days(tmp_path: Path) -> None:
+    """Hour segments left by a publisher that could not delete (or ran before issue 26) go
+    with ``aiscope publish --compact``, only where the node-day's whole segment is there."""
+    start = 1_780_000_000.0  # 2026-05-28T20:26:40Z
+    store = _store_with_rows(tmp_path / "s.duckdb", ["n1", "n2"], start, hours=30, step=300)
+    target = loc.parse(str(tmp_path / "fleet"))
+    publish(store, target, start + 12 * 3600, remove_superseded=False)
+    store.close()
+    root = Path(target.root)
+    kept = "recent/table=*/day=2026-05-28/node=*/*.parquet"
+    assert len(list(root.glob(kept))) == 16  # 4 hours x 2 tables x 2 nodes
+    orphan = root / "recent/table=gpu_samples/day=2026-05-27/node=n3/n3_gpu_samples_x.parquet"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"no whole day beside it")
+    lateness = str(int(time.time() - (start + 12 * 3600)))  # nothing more to publish: a sweep
+    out = run_aiscope(
+        "publish", "--store", str(store.path), "--to", str(root), "--compact", "--lateness",
+        lateness,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "removed 16 superseded hour segments" in out.stdout
+    assert not list(root.glob(kept)) and orphan.exists()
+    assert list(root.glob("recent/table=gpu_samples/day=2026-05-29/node=n1/*.parquet"))
+
+
 def test_locations_from_text_and_environment() -> None:
     assert loc.parse("s3://bucket/a/b/").url == "s3://bucket/a/b"
     assert loc.parse("gs://bucket").root == "bucket"
