@@ -693,6 +693,18 @@ class PublishCollector(Collector):
             "How far the fleet location is behind: now minus the oldest table's watermark.",
             s.lag_seconds,
         )
+        yield family(
+            CounterMetricFamily,
+            "aiscope_publish_superseded_removed",
+            "Hour segments removed after their day was published whole.",
+            s.removed_total,
+        )
+        yield family(
+            CounterMetricFamily,
+            "aiscope_publish_superseded_remove_failures",
+            "Hour segments that could not be removed (no delete permission); readers skip them.",
+            s.remove_failures_total,
+        )
 
 
 class AnalysisSink(Collector):

@@ -127,6 +127,11 @@ class PublishResult:
     rows: int
     bytes: int
     watermarks: dict[str, float]
+    #: Superseded hour segments removed after their day was published whole, and the
+    #: removals that failed (no delete permission: the segments stay, readers skip them).
+    removed: int = 0
+    remove_failures: int = 0
+    remove_error: str | None = None
 
 
 def publish(
@@ -138,11 +143,13 @@ def publish(
     scratch: Path | None = None,
     settle_seconds: float = 0.0,
     published: Published | None = None,
+    remove_superseded: bool = True,
 ) -> PublishResult:
     """Publish every table of ``store`` up to ``closed_before`` (rounded down to a slot) to
     ``location``. ``since`` is how far back a table that was never published starts (default:
     its oldest row). A day is compacted into whole-day segments once its end is
-    ``settle_seconds`` behind the watermark; ``published`` collects each segment's rows (for
+    ``settle_seconds`` behind the watermark, and then (``remove_superseded``) its hour segments
+    of this store's nodes are removed; ``published`` collects each segment's rows (for
     :func:`republish_late`). Raises :class:`store.location.LocationError` or
     :class:`agent.store.StoreError`; what was published before the failure stays published."""
     state = store.publish_state(location.url, TABLES, since if since is not None else 0.0)
@@ -163,10 +170,50 @@ def publish(
         if state.oldest.get(table) is None and math.isfinite(end) and end > marks[table]:
             store.set_published(location.url, table, end)  # empty: nothing can arrive before
             marks[table] = end
+    removal = _Removal(remove_superseded)
     if segment_seconds < DAY_SECONDS:
-        done = _compact(store, location, state, marks, since, scratch, settle_seconds)
+        done = _compact(store, location, state, marks, since, scratch, settle_seconds, removal)
         totals = [a + b for a, b in zip(totals, done, strict=True)]
-    return PublishResult(segments=totals[0], rows=totals[1], bytes=totals[2], watermarks=marks)
+    return PublishResult(
+        segments=totals[0],
+        rows=totals[1],
+        bytes=totals[2],
+        watermarks=marks,
+        removed=removal.removed,
+        remove_failures=removal.failures,
+        remove_error=removal.error,
+    )
+
+
+@dataclass(slots=True)
+class _Removal:
+    """Whether to remove superseded hour segments, and what removing them did."""
+
+    enabled: bool
+    removed: int = 0
+    failures: int = 0
+    error: str | None = None
+
+    def day(self, location: loc.Location, table: str, day: str, nodes: set[str]) -> None:
+        """Remove the hour segments of ``table`` on ``day`` of ``nodes``, whose whole-day
+        segment has just been written (write the day, then delete the hours: a reader that
+        lists in between sees both and takes the day; never neither)."""
+        self.day_parts(location, table, day, {node_part(n) for n in nodes})
+
+    def day_parts(self, location: loc.Location, table: str, day: str, parts: set[str]) -> None:
+        """:meth:`day` for nodes as their path parts (``node=`` escaped)."""
+        if not self.enabled:
+            return
+        for part in sorted(parts):
+            folder = f"{RECENT}table={table}/day={day}/node={part}"
+            try:
+                hours = [e.relpath for e in loc.list_files(location, folder)]
+                loc.delete(location, hours)
+            except loc.LocationError as exc:
+                self.failures += 1
+                self.error = self.error or str(exc)
+                continue
+            self.removed += len(hours)
 
 
 def _compact(
@@ -177,12 +224,14 @@ def _compact(
     since: float | None,
     scratch: Path | None,
     settle_seconds: float,
+    removal: _Removal,
 ) -> tuple[int, int, int]:
     """Each whole day already published in short segments, once more as one segment per node
     and table (``[day, day + 1 d)``): readers then open one file per node-day instead of 24, and
-    skip the short segments of a day that has a whole-day one. Agents only write, so the short
-    segments stay (a lifecycle rule or anyone with delete rights may remove them). A watermark of
-    its own (``LOCATION#daily``) makes each day compacted once, and keeps the day's rows in the
+    skip the short segments of a day that has a whole-day one. The publisher then removes the
+    day's short segments of its own nodes (it owns ``node=<its node>``; without delete rights
+    they stay, counted, and a lifecycle rule on ``recent/`` removes them). A watermark of its
+    own (``LOCATION#daily``) makes each day compacted once, and keeps the day's rows in the
     store until it is."""
     key = location.url + COMPACTED
     daily = store.publish_state(key, SAMPLE_TABLES, since if since is not None else 0.0)
@@ -196,12 +245,37 @@ def _compact(
             end if oldest is None else max(start, math.floor(oldest / DAY_SECONDS) * DAY_SECONDS)
         )
         for lo, hi in _chunks(table, start, end):
-            done = _publish_chunk(store, location, table, lo, hi, DAY_SECONDS, scratch)
+            written: Published = {}
+            done = _publish_chunk(store, location, table, lo, hi, DAY_SECONDS, scratch, written)
             totals = [a + b for a, b in zip(totals, done, strict=True)]
             store.set_published(key, table, hi)
+            removal.day(location, table, day_of(lo), {node for _, node, _ in written})
         if start >= end > daily.watermarks.get(table, 0.0):
             store.set_published(key, table, end)
     return totals[0], totals[1], totals[2]
+
+
+def sweep(location: loc.Location) -> tuple[int, int, str | None]:
+    """Remove the hour segments under ``recent/`` of every node-day that has its whole-day
+    segment (left by publishers before they removed their own, or without delete rights):
+    ``aiscope publish --compact``. Only where the day's file is there (never a gap).
+    Returns (removed, failed, the first error)."""
+    removal = _Removal(True)
+    for table in SAMPLE_TABLES:
+        for day_dir in loc.list_dirs(location, f"{RECENT}table={table}"):
+            day = day_dir.removeprefix("day=")
+            hours = set(loc.list_dirs(location, f"{RECENT}table={table}/{day_dir}"))
+            whole = set(loc.list_dirs(location, f"table={table}/{day_dir}")) & hours
+            done = {n.removeprefix("node=") for n in whole if _has_day(location, table, day, n)}
+            removal.day_parts(location, table, day, done)
+    return removal.removed, removal.failures, removal.error
+
+
+def _has_day(location: loc.Location, table: str, day: str, node_dir: str) -> bool:
+    start = dt.datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=dt.UTC).timestamp()
+    name = f"_{table}_{stamp(start)}_{stamp(start + DAY_SECONDS)}.parquet"
+    files = loc.list_files(location, f"table={table}/day={day}/{node_dir}")
+    return any(f.relpath.endswith(name) for f in files)
 
 
 def _closed(table: str, state: PublishState, until: float, segment_seconds: float) -> float:
@@ -325,6 +399,9 @@ class PublishStats:
     last_ok: bool | None
     #: Seconds between now and the oldest watermark (what readers of the location lack).
     lag_seconds: float | None
+    #: Superseded hour segments removed, and removals that failed (see :func:`publish`).
+    removed_total: int = 0
+    remove_failures_total: int = 0
 
 
 @dataclass
@@ -355,6 +432,8 @@ class PublishJob:
     _last_ok: bool | None = None
     _marks: dict[str, float] = field(default_factory=dict)
     _published: Published = field(default_factory=dict)
+    _removed: int = 0
+    _remove_failures: int = 0
 
     def run(self) -> None:
         now = self.clock()
@@ -417,6 +496,15 @@ class PublishJob:
         self._segments += result.segments
         self._rows += result.rows
         self._bytes += result.bytes
+        self._removed += result.removed
+        if result.remove_failures and not self._remove_failures:  # logged once; then counted
+            log.warning(
+                "cannot remove superseded hour segments at %s (they stay; readers skip them; "
+                "grant delete on the node's prefix or expire recent/ with a bucket rule): %s",
+                self.location,
+                result.remove_error,
+            )
+        self._remove_failures += result.remove_failures
         self._marks = dict(result.watermarks)
 
     def stats(self) -> PublishStats:
@@ -432,4 +520,6 @@ class PublishJob:
             last_duration_seconds=self._last_duration,
             last_ok=self._last_ok,
             lag_seconds=max(0.0, self.clock() - min(marks)) if marks else None,
+            removed_total=self._removed,
+            remove_failures_total=self._remove_failures,
         )

@@ -36,9 +36,13 @@ from typing import Any
 from analyzer import configfile
 from analyzer import forecast as fc
 from analyzer.analysis import iso, parse_duration
-from analyzer.classify import classify
-from analyzer.load import History, InputError, history, inputs, load
+from analyzer.classify import GpuVerdict, classify
+from analyzer.context import context
+from analyzer.context import to_json as finding_json
+from analyzer.findings import run as run_detectors
+from analyzer.load import FleetData, History, InputError, history, inputs, load
 from analyzer.queue import Pending, read_pending
+from analyzer.recommendations.placement import scale_out_waiting
 from analyzer.recommendations.reservation import ReservationSettings
 from analyzer.thresholds import Thresholds
 from store.storefile import Input
@@ -146,10 +150,12 @@ def plan(
     site: Site | None = None,
     classes: Mapping[str, str] | None = None,
     queue: Path | None = None,
+    findings: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``aiscope.plan/1`` document of the stores. ``classes`` (``uuid`` -> class over the
     newest week) saves classifying again when the caller has just analyzed that week; ``queue``
-    is a CSV of GPUs waiting (:mod:`analyzer.queue`)."""
+    is a CSV of GPUs waiting (:mod:`analyzer.queue`); ``findings`` (the analysis document's)
+    give the fleet's waiting and its scale-out share, found here when classes are not given."""
     horizon_seconds = parse_horizon(horizon)
     since_seconds = parse_horizon(since, "--since") if since else None
     site = site or Site()
@@ -158,10 +164,24 @@ def plan(
     hist = history(paths, since_seconds, timeout)
     if classes is None:
         data = load(paths, min(WEEK, hist.end - hist.start), timeout=timeout)
-        classes = {v.info.uuid: v.gpu_class for v in classify(data, thresholds)}
+        verdicts = classify(data, thresholds)
+        classes = {v.info.uuid: v.gpu_class for v in verdicts}
+        if findings is None:
+            findings = _findings(data, verdicts, thresholds)
     past = _past_classes(paths, hist, thresholds, timeout)
     stores_read = [str(p) for p in paths]
-    return build(hist, classes, horizon_seconds, site, stores_read, pending, past)
+    doc = build(hist, classes, horizon_seconds, site, stores_read, pending, past)
+    if findings is not None:
+        doc["waiting"] = scale_out_waiting(findings)
+    return doc
+
+
+def _findings(
+    data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds | None
+) -> list[dict[str, Any]]:
+    """The newest week's findings, as the analysis document has them."""
+    ctx = context(data, verdicts, thresholds or Thresholds())
+    return [finding_json(f, iso) for f in run_detectors(ctx).findings]
 
 
 def _past_classes(

@@ -360,14 +360,18 @@ def report(result: dict[str, Any], parts: list[list[Any]], args: argparse.Namesp
         if mib >= 0.1:
             print(f"    {name:50} {mib:6.1f} MiB")
     print("\nparts, each added in a fresh interpreter in this order (MiB; CPU ms to load):")
-    print(f"  {'part':42} {'RSS':>6} {'+RSS':>6} {'+USS':>6} {'+anon':>6} {'CPU':>6}")
+    print(
+        f"  {'part':42} {'RSS':>6} {'PSS':>6} {'USS':>6} {'+RSS':>6} {'+PSS':>6} {'+USS':>6} "
+        f"{'+anon':>6} {'CPU':>6}"
+    )
     previous = [0.0, 0.0, 0.0, 0.0]
-    for label, spent, rss, _pss, uss, anon in parts:
+    for label, spent, rss, pss, uss, anon in parts:
         print(
-            f"  {label:42} {rss:6.1f} {rss - previous[0]:+6.1f} {uss - previous[2]:+6.1f} "
-            f"{anon - previous[3]:+6.1f} {spent * 1000:6.0f}"
+            f"  {label:42} {rss:6.1f} {pss:6.1f} {uss:6.1f} {rss - previous[0]:+6.1f} "
+            f"{pss - previous[1]:+6.1f} {uss - previous[2]:+6.1f} {anon - previous[3]:+6.1f} "
+            f"{spent * 1000:6.0f}"
         )
-        previous = [rss, _pss, uss, anon]
+        previous = [rss, pss, uss, anon]
     bare, with_duckdb, floor = parts[0][2], parts[1][2], parts[-2][2]
     print(
         f"\nagent RSS / bare interpreter:             {mem['Rss'] / bare:.1f}x ({bare:.1f} MiB)\n"

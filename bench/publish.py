@@ -80,6 +80,15 @@ def run(nodes: int, days: float, interval: float, work: Path) -> dict[str, float
     publish_s = time.perf_counter() - started
     files = list((work / "segments").rglob("*.parquet"))
     seg_bytes = sum(f.stat().st_size for f in files)
+    # Before issue 26 the hour segments of a finished day stayed beside its whole-day segment:
+    # the same stores published again without removing them.
+    kept = location.parse(str(work / "segments-kept"))
+    for path in sorted(stores.glob("*.duckdb")):
+        store = Store(path)
+        publish(store, kept, END + 3600, remove_superseded=False)
+        store.close()
+    kept_files = list((work / "segments-kept").rglob("*.parquet"))
+    node_weeks = nodes * days / 7.0
     store_bytes = sum(p.stat().st_size for p in stores.glob("*.duckdb"))
     window = min(days, 7.0) * DAY
     started = time.perf_counter()
@@ -94,6 +103,10 @@ def run(nodes: int, days: float, interval: float, work: Path) -> dict[str, float
         "publish_s": publish_s,
         "files": len(files),
         "segment_mib": seg_bytes / 2**20,
+        "objects_per_node_week_before": len(kept_files) / node_weeks,
+        "mib_per_node_week_before": sum(f.stat().st_size for f in kept_files) / 2**20 / node_weeks,
+        "objects_per_node_week": len(files) / node_weeks,
+        "mib_per_node_week": seg_bytes / 2**20 / node_weeks,
         "store_mib": store_bytes / 2**20,
         "load_segments_s": from_segments,
         "load_stores_s": from_stores,
@@ -110,6 +123,7 @@ def main() -> None:
     print("| GPUs | GPU rows | publish (s) | rows/s | segments | segment MiB | store MiB |"
           " read+aggregate 7 d: segments (s) | node stores (s) | peak RSS MiB |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
+    compaction: list[str] = []
     for nodes in args.nodes:
         work = Path(tempfile.mkdtemp(prefix="aiscope-bench-publish-"))
         try:
@@ -123,6 +137,14 @@ def main() -> None:
             f"{r['peak_rss_mib']:.0f} |",
             flush=True,
         )
+        compaction.append(
+            f"| {r['gpus']:.0f} | {r['objects_per_node_week_before']:,.0f} | "
+            f"{r['mib_per_node_week_before']:.1f} | {r['objects_per_node_week']:,.0f} | "
+            f"{r['mib_per_node_week']:.1f} |"
+        )
+    print("\n| GPUs | objects per node-week before | MiB before | objects after | MiB after |")
+    print("|---|---|---|---|---|")
+    print("\n".join(compaction))
 
 
 if __name__ == "__main__":

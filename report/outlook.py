@@ -116,6 +116,13 @@ def summary_lines(plan: dict[str, Any]) -> list[str]:
         lines.append(
             f"Before buying: move {m['gpus']} GPUs from {m['from']} to {m['to']} ({m['why']})."
         )
+    waiting = plan.get("waiting") or {}
+    if waiting.get("scale_out_ratio") is not None:
+        lines.append(
+            f"Waiting: {waiting['scale_out_ratio']:.0%} of the {waiting['starved_gpu_hours']:.0f} "
+            "starved GPU-hours is scale-out (multi-node jobs waiting on communication or the "
+            "network): placement, not purchases, recovers it."
+        )
     for b in plan["purchases"]:
         kw = f", {b['kw']:.1f} kW" if b["kw"] is not None else ""
         lines.append(

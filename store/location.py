@@ -9,11 +9,13 @@ object-store URL:
   ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and ``~/.aws/credentials``, web identity (IRSA) and
   the instance profile (the AWS SDK's default chain).
 * ``gs://BUCKET/PREFIX``: Google Cloud Storage with Application Default Credentials
-  (``GOOGLE_APPLICATION_CREDENTIALS``, workload identity, the metadata server).
+  (``GOOGLE_APPLICATION_CREDENTIALS``, workload identity, the metadata server);
+  ``STORAGE_EMULATOR_HOST`` points it at an emulator or private endpoint, without credentials.
 * ``az://CONTAINER/PREFIX``: Azure Blob Storage, account from ``AZURE_STORAGE_ACCOUNT_NAME``,
   key from ``AZURE_STORAGE_ACCOUNT_KEY`` when set, else Azure's default credential chain
   (workload identity, managed identity, ``AZURE_CLIENT_ID``/``AZURE_TENANT_ID``/
-  ``AZURE_CLIENT_SECRET``).
+  ``AZURE_CLIENT_SECRET``); or all from ``AZURE_STORAGE_CONNECTION_STRING``, whose
+  ``BlobEndpoint`` names Azurite's or a sovereign cloud's endpoint.
 
 Why pyarrow's filesystems: one PyPI wheel that speaks S3, GCS and Azure natively (C++ SDKs, no
 Python SDK per cloud), reads Parquet datasets with column and partition pruning that DuckDB scans
@@ -123,7 +125,7 @@ def _make_filesystem(location: Location) -> Any:
         if location.scheme == "s3":
             return fs.S3FileSystem(**s3_options(os.environ))
         if location.scheme == "gs":
-            return fs.GcsFileSystem()
+            return fs.GcsFileSystem(**gcs_options(os.environ))
         return _azure(fs, os.environ)
     except (OSError, ValueError, TypeError) as exc:
         raise LocationError(f"{location}: cannot open ({_one_line(exc)})") from None
@@ -147,15 +149,60 @@ def s3_options(env: Any) -> dict[str, Any]:
     return options
 
 
-def _azure(fs: Any, env: Any) -> Any:
-    account = env.get("AZURE_STORAGE_ACCOUNT_NAME") or env.get("AZURE_STORAGE_ACCOUNT")
+def gcs_options(env: Any) -> dict[str, Any]:
+    """GcsFileSystem arguments: ``STORAGE_EMULATOR_HOST`` (Google's variable for an emulator or
+    a private endpoint, ``http://127.0.0.1:9023``) points it there, without credentials;
+    otherwise Application Default Credentials (the C++ SDK reads them itself)."""
+    endpoint = env.get("STORAGE_EMULATOR_HOST")
+    if not endpoint:
+        return {}
+    scheme, _, rest = endpoint.partition("://")
+    if not rest:
+        scheme, rest = "http", endpoint
+    return {"endpoint_override": rest.rstrip("/"), "scheme": scheme, "anonymous": True}
+
+
+def azure_options(env: Any) -> dict[str, Any]:
+    """AzureFileSystem arguments: the account (``AZURE_STORAGE_ACCOUNT_NAME``) and key
+    (``AZURE_STORAGE_ACCOUNT_KEY``), or both and the endpoint from
+    ``AZURE_STORAGE_CONNECTION_STRING`` (``AccountName=…;AccountKey=…;BlobEndpoint=…``, as the
+    portal and Azurite give it); without a key, Azure's default credential chain."""
+    parts = dict(
+        item.split("=", 1)
+        for item in (env.get("AZURE_STORAGE_CONNECTION_STRING") or "").split(";")
+        if "=" in item
+    )
+    account = (
+        env.get("AZURE_STORAGE_ACCOUNT_NAME")
+        or env.get("AZURE_STORAGE_ACCOUNT")
+        or parts.get("AccountName")
+    )
     if not account:
         raise BadLocation(
             "az:// needs the storage account: set AZURE_STORAGE_ACCOUNT_NAME "
-            "(and AZURE_STORAGE_ACCOUNT_KEY, or a managed or workload identity)"
+            "(and AZURE_STORAGE_ACCOUNT_KEY, or a managed or workload identity), or "
+            "AZURE_STORAGE_CONNECTION_STRING"
         )
-    key = env.get("AZURE_STORAGE_ACCOUNT_KEY") or env.get("AZURE_STORAGE_KEY")
-    return fs.AzureFileSystem(account_name=account, account_key=key or None)
+    key = (
+        env.get("AZURE_STORAGE_ACCOUNT_KEY")
+        or env.get("AZURE_STORAGE_KEY")
+        or parts.get("AccountKey")
+    )
+    options: dict[str, Any] = {"account_name": account, "account_key": key or None}
+    endpoint = parts.get("BlobEndpoint")
+    if endpoint:  # Azurite or a sovereign cloud: ``http://127.0.0.1:10000/devstoreaccount1``
+        scheme, _, rest = endpoint.partition("://")
+        authority = (rest or scheme).split("/")[0]
+        scheme = scheme if rest else "https"
+        # The Data Lake endpoint (pyarrow asks it whether the account has a hierarchical
+        # namespace before writing) is the same service on an emulator.
+        options |= {"blob_storage_authority": authority, "blob_storage_scheme": scheme}
+        options |= {"dfs_storage_authority": authority, "dfs_storage_scheme": scheme}
+    return options
+
+
+def _azure(fs: Any, env: Any) -> Any:
+    return fs.AzureFileSystem(**azure_options(env))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -189,6 +236,25 @@ def _put_object(location: Location, relpath: str, source: Path) -> None:
         out.write(data)
 
 
+def delete(location: Location, relpaths: Iterable[str]) -> None:
+    """Remove ``relpaths`` under the location (ones already gone are fine: two removers, or
+    a retry). Raises :class:`LocationError` (no delete permission, the service down)."""
+    for relpath in relpaths:
+        try:
+            if location.is_local:
+                with contextlib.suppress(FileNotFoundError):
+                    (Path(location.root) / relpath).unlink()
+            else:
+                _delete_object(location, relpath)
+        except (OSError, ValueError) as exc:  # pyarrow: ArrowIOError, ArrowInvalid
+            raise LocationError(f"{location}: cannot remove {relpath} ({_one_line(exc)})") from None
+
+
+def _delete_object(location: Location, relpath: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        _filesystem(location).delete_file(f"{location.root}/{relpath}")
+
+
 # -- reading ---------------------------------------------------------------------------------------
 
 
@@ -208,13 +274,25 @@ def list_dirs(location: Location, relpath: str) -> list[str]:
             if not base.is_dir():
                 return []
             return sorted(e.name for e in os.scandir(base) if e.is_dir())
-        return sorted(
-            info.base_name
-            for info in _infos(location, relpath, recursive=False)
-            if info.type.name == "Directory"
-        )
+        infos = _infos(location, relpath, recursive=False)
+        if not infos:
+            return _dirs_from_files(location, relpath)
+        return sorted(info.base_name for info in infos if info.type.name == "Directory")
     except (OSError, ValueError) as exc:  # pyarrow: ArrowIOError, ArrowInvalid
         raise LocationError(f"{location}: cannot list {relpath} ({_one_line(exc)})") from None
+
+
+def _dirs_from_files(location: Location, relpath: str) -> list[str]:
+    """The folders under ``relpath`` from a recursive listing: pyarrow's GCS filesystem sees
+    no folders in gcp-storage-emulator's answer to a delimited listing (issue 26), and a
+    listing with nothing at all costs nothing more to repeat recursively."""
+    base = f"{location.root}/{relpath}".rstrip("/") + "/"
+    found = {
+        info.path[len(base) :].split("/", 1)[0]
+        for info in _infos(location, relpath, recursive=True)
+        if info.path.startswith(base) and "/" in info.path[len(base) :]
+    }
+    return sorted(found)
 
 
 def list_files(location: Location, relpath: str) -> list[Entry]:

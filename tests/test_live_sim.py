@@ -189,3 +189,27 @@ def test_kill_9_leaves_a_tree_the_next_simulation_removes(
     finally:
         live.close()
     assert not live.scratch.exists()
+
+
+def test_the_live_host_cpu_moves_with_its_workloads() -> None:
+    """Issue 26: the live host's CPU took 2 values in 25 s (a training job's input pipeline was
+    a constant). Read every second for 25 s of the demo's first node, from its start (warm-up)
+    and an hour in (steps, evaluations, checkpoints), on a clock the test moves."""
+    from sim.engine import LiveNode
+
+    now = [0.0]
+    for at_hours in (0.0, 1.0):
+        now[0] = 1_800_000_000.0
+        live = LiveNode.start("demo", None, at_hours=at_hours, clock=lambda: now[0])
+        try:
+            reader = live.host_reader("gpu-node-01")
+            seen = []
+            for _ in range(26):
+                sample, _ = reader.sample(now[0])
+                seen.append(sample.cpu_busy_ratio)
+                now[0] += 1.0
+        finally:
+            live.close()
+        busy = [round(v, 4) for v in seen[1:] if v is not None]
+        assert len(busy) == 25 and all(0.0 < v < 1.0 for v in busy)
+        assert len(set(busy)) >= 15, busy

@@ -444,6 +444,56 @@ def test_agent_publish_job_backs_off_and_reports(
     store.close()
 
 
+def test_the_agent_removes_its_hour_segments_once_a_day_is_whole(tmp_path: Path) -> None:
+    """Issue 26: the agent's publisher, past a day's end and its recheck window, writes the
+    day whole and then removes that day's hour segments of its node; the metrics count them."""
+    start = 1_780_000_000.0  # 2026-05-28T20:26:40Z
+    store = _store_with_rows(tmp_path / "s.duckdb", ["n1"], start, hours=6, step=300)
+    target = loc.parse(str(tmp_path / "fleet"))
+    now = [start + 2 * 3600]  # the 28th not over: hour segments only
+    job = PublishJob(store, target, 3600, lateness_seconds=10, clock=lambda: now[0])
+    job.run()
+    root = Path(target.root)
+    hours = sorted(root.glob("recent/table=gpu_samples/day=2026-05-28/node=n1/*.parquet"))
+    assert len(hours) >= 2 and job.stats().removed_total == 0
+    now[0] = start + 6 * 3600  # the 29th, 02:26: the 28th is over and past its recheck
+    job.run()
+    assert not list(root.glob("recent/table=*/day=2026-05-28/node=n1/*"))
+    assert len(list(root.glob("table=gpu_samples/day=2026-05-28/node=n1/*.parquet"))) == 1
+    stats = job.stats()
+    # 20:00 to 23:00 of the 28th, gpu and host samples: 8 hour segments written, 8 removed.
+    assert (stats.removed_total, stats.remove_failures_total) == (8, 0)
+    text = render(build_registry([PublishCollector("n1", job.stats)])).decode()
+    assert f'aiscope_publish_superseded_removed_total{{location="{target}",node="n1"}} ' in text
+    assert "aiscope_publish_superseded_remove_failures_total" in text
+    store.close()
+
+
+def test_publish_compact_sweeps_hours_left_beside_whole_days(tmp_path: Path) -> None:
+    """Hour segments left by a publisher that could not delete (or ran before issue 26) go
+    with ``aiscope publish --compact``, only where the node-day's whole segment is there."""
+    start = 1_780_000_000.0  # 2026-05-28T20:26:40Z
+    store = _store_with_rows(tmp_path / "s.duckdb", ["n1", "n2"], start, hours=30, step=300)
+    target = loc.parse(str(tmp_path / "fleet"))
+    publish(store, target, start + 12 * 3600, remove_superseded=False)
+    store.close()
+    root = Path(target.root)
+    kept = "recent/table=*/day=2026-05-28/node=*/*.parquet"
+    assert len(list(root.glob(kept))) == 16  # 4 hours x 2 tables x 2 nodes
+    orphan = root / "recent/table=gpu_samples/day=2026-05-27/node=n3/n3_gpu_samples_x.parquet"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"no whole day beside it")
+    lateness = str(int(time.time() - (start + 12 * 3600)))  # nothing more to publish: a sweep
+    out = run_aiscope(
+        "publish", "--store", str(store.path), "--to", str(root), "--compact", "--lateness",
+        lateness,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "removed 16 superseded hour segments" in out.stdout
+    assert not list(root.glob(kept)) and orphan.exists()
+    assert list(root.glob("recent/table=gpu_samples/day=2026-05-29/node=n1/*.parquet"))
+
+
 def test_locations_from_text_and_environment() -> None:
     assert loc.parse("s3://bucket/a/b/").url == "s3://bucket/a/b"
     assert loc.parse("gs://bucket").root == "bucket"
@@ -572,9 +622,17 @@ def test_whole_days_are_compacted_and_read_alone(tmp_path: Path) -> None:
     doc = analyze([target.root], since="7d")
     for table in ("gpu_samples", "host_samples"):
         assert _difference(store.path, root, table)[1:] == (0, 0)
-    # The short segments of a compacted day are never read again.
-    for hourly in root.rglob("*_20260528T2[0-3]0000Z_*.parquet"):
-        hourly.write_bytes(b"superseded")
+    # Issue 26: once a day is whole, its hour segments are removed: one object per table per
+    # node-day for finished days; the 29th (compacted by the second run) too, the 30th not yet.
+    for day in ("2026-05-28", "2026-05-29"):
+        for node in ("n1", "n2"):
+            for table in ("gpu_samples", "host_samples"):
+                assert len(list((root / f"table={table}/day={day}/node={node}").iterdir())) == 1
+                assert not list(root.glob(f"recent/table={table}/day={day}/node={node}/*"))
+    assert list(root.glob("recent/table=gpu_samples/day=2026-05-30/node=n1/*.parquet"))
+    # A short segment left behind (a publisher without delete rights) is never read again.
+    stale = root / "recent/table=gpu_samples/day=2026-05-28/node=n1/n1_stale.parquet"
+    stale.write_bytes(b"superseded")
     assert analyze([target.root], since="7d") == doc
     assert publish(store, target, start + 40 * 3600).rows == 0
     store.close()

@@ -97,6 +97,7 @@ def attach_plan(
                 timeout=wait,
                 site=site_from_file(config),
                 classes=classes,
+                findings=doc["findings"],
             )
             update(1.0)
     except AiscopeError as exc:  # the report stands without its outlook

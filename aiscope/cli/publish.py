@@ -38,6 +38,15 @@ def publish_command(
     wait: Annotated[
         float, typer.Option(help="Seconds to wait for the agent to release the store.")
     ] = 10.0,
+    compact: Annotated[
+        bool,
+        typer.Option(
+            "--compact",
+            help="Also remove every node's hour segments under recent/ whose day is published "
+            "whole (left by publishers without delete rights, or from before they removed "
+            "their own).",
+        ),
+    ] = False,
 ) -> None:
     """Copy the store's closed intervals to a fleet location as immutable Parquet segments.
 
@@ -89,4 +98,19 @@ def publish_command(
     typer.echo(
         f"published {result.segments} segments ({result.rows} rows, {result.bytes} bytes) "
         f"of {path} to {target}"
+        + (f"; removed {result.removed} superseded hour segments" if result.removed else "")
     )
+    if compact:
+        from agent.publish import sweep  # noqa: PLC0415
+        from store.location import LocationError  # noqa: PLC0415
+
+        removed, failed, error = sweep(target)
+        typer.echo(f"compacted {target}: removed {removed} superseded hour segments")
+        if failed:
+            raise LocationError(f"{target}: could not remove {failed} hour segments ({error})")
+    if result.remove_failures:
+        typer.echo(
+            f"aiscope: could not remove {result.remove_failures} superseded hour segments "
+            f"(they stay; readers skip them): {result.remove_error}",
+            err=True,
+        )

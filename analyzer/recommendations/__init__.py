@@ -78,15 +78,18 @@ def run_all(
     """Every registered strategy with its default settings, in order."""
     from analyzer.recommendations import (  # noqa: F401, PLC0415  (registration)
         consolidate,
+        placement,
         platform,
         power,
         reservation,
+        rightsize,
         split,
     )
 
     inputs = Inputs(data, verdicts, findings)
     skipped: list[NotEnoughData] = []
-    for kind in ("reservation", "split", "consolidate", "power", "platform"):
+    kinds = ("reservation", "split", "consolidate", "rightsize", "placement", "power", "platform")
+    for kind in kinds:
         result = REGISTRY[kind]().run(inputs)
         if isinstance(result, NotEnoughData):
             skipped.append(result)

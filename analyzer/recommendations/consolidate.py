@@ -73,6 +73,14 @@ def model_gb_from_command(command: str) -> float | None:
     return float(match.group(1)) * 2.0 if match else None
 
 
+def preallocates(command: str, memory: list[float], total: float | None) -> bool:
+    """Whether a server's memory is pre-allocated rather than its need: a pre-allocating
+    server on its command line, or memory flat at ~0.9 of the device."""
+    device = total or (max(memory) / 0.9 if memory else 0.0)
+    flat_at_90 = bool(memory) and device > 0 and abs(quantile(memory, 0.5) / device - 0.9) < 0.03
+    return bool(_PREALLOC.search(command)) or flat_at_90
+
+
 @register
 class ConsolidateStrategy:
     kind = "consolidate"
