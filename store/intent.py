@@ -136,6 +136,7 @@ _LABEL_OWNERS = (
 #: A CronJob names its Jobs ``<cronjob>-<scheduled minute since the epoch>`` (kube-controller-
 #: manager's ``getJobName``: 8 or more digits since 1990).
 _CRONJOB_JOB = re.compile(r"^(?P<cron>.+)-(?P<minute>\d{8,})$")
+_REPLICASET = re.compile(r"^(?P<deployment>.+)-[bcdfghjklmnpqrstvwxz2456789]{6,10}$")
 
 
 def allowed(key: str) -> bool:
@@ -155,11 +156,16 @@ def keep_allowed(mapping: object) -> dict[str, str]:
 def deployment_of(replicaset: str, pod_template_hash: str | None) -> str | None:
     """The Deployment that owns ``replicaset``, by the name rule of the Deployment controller:
     ``<deployment>-<pod-template-hash>`` (the hash is the pod's own ``pod-template-hash``
-    label). ``None`` when the name does not end in the hash (a ReplicaSet made by hand)."""
-    suffix = f"-{pod_template_hash}" if pod_template_hash else None
-    if suffix and replicaset.endswith(suffix) and len(replicaset) > len(suffix):
-        return replicaset[: -len(suffix)]
-    return None
+    label). Without the label, a suffix of 6 to 10 characters of the alphabet the hash is
+    written in (``rand.SafeEncodeString``: no vowels, no 0, 1, 3) stands for it. ``None`` when
+    the name does not end in a hash (a ReplicaSet made by hand)."""
+    if pod_template_hash:
+        suffix = f"-{pod_template_hash}"
+        if replicaset.endswith(suffix) and len(replicaset) > len(suffix):
+            return replicaset[: -len(suffix)]
+        return None
+    match = _REPLICASET.match(replicaset)
+    return match.group("deployment") if match else None
 
 
 def cronjob_of(job: str) -> str | None:

@@ -152,7 +152,8 @@ def test_only_allow_listed_keys_are_kept_and_values_redacted(api: str) -> None:
 def test_name_rules() -> None:
     assert intent.deployment_of("chat-x-7d9f8b6c5d", "7d9f8b6c5d") == "chat-x"
     assert intent.deployment_of("handmade-rs", "7d9f8b6c5d") is None
-    assert intent.deployment_of("chat-x-7d9f8b6c5d", None) is None
+    assert intent.deployment_of("chat-x-7d9f8b6c5d", None) == "chat-x"  # by the hash alphabet
+    assert intent.deployment_of("chat-x-latest", None) is None
     assert intent.cronjob_of("nightly-embed-29412960") == "nightly-embed"
     assert intent.cronjob_of("eval-run-42") is None
 
