@@ -11,7 +11,13 @@ The cgroup path is the most reliable source and needs no privilege:
 * systemd: the innermost ``*.service`` component.
 
 ``SLURM_JOB_ID`` from ``/proc/<pid>/environ`` is used only when the cgroup says nothing (it needs
-the same user or root to read). Nothing else of the environment is kept.
+the same user or root to read). Of the rest of the environment only the Slurm job's name,
+partition, QOS and whether it has a pty (``srun --pty``) are kept, for declared intent.
+
+Declared intent (:meth:`ProcReader.declare`, schema 3): a process's Slurm job (batch or
+interactive, :mod:`agent.slurm`), its systemd unit, and the signature of its redacted command
+line (``store.intent.SIGNATURES``), each a :class:`store.schema.Declaration` of the process's
+workload (``store.intent.subject_of``).
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from agent import slurm
 from agent.redact import redact_argv
-from store.schema import Process
+from store import intent
+from store.schema import Declaration, Process
 
 _SLURM_JOB = re.compile(r"/job_(\d+)(?:/|$)")
 _POD_SYSTEMD = re.compile(r"-pod([0-9a-f_]{36})\.slice")
@@ -31,6 +39,14 @@ _CONTAINER = re.compile(r"(?:cri-containerd|docker|crio|containerd)-([0-9a-f]{12
 _CONTAINER_CGROUPFS = re.compile(r"/pod[0-9a-f-]{36}/([0-9a-f]{12,64})$")
 _SERVICE = re.compile(r"([^/]+\.service)")
 _MAX_CMDLINE_CHARS = 4096
+#: The environment entries declared intent reads (nothing else of the environment is kept).
+_SLURM_ENVIRON = (
+    b"SLURM_JOB_ID",
+    b"SLURM_JOB_NAME",
+    b"SLURM_JOB_PARTITION",
+    b"SLURM_JOB_QOS",
+    b"SLURM_PTY_PORT",
+)
 
 
 def _default_user_name(uid: int) -> str:
@@ -51,9 +67,11 @@ class ProcReader:
         self,
         proc_root: Path = Path("/proc"),
         user_name: Callable[[int], str] = _default_user_name,
+        slurm_jobs: slurm.SlurmJobs | None = None,
     ) -> None:
         self._root = proc_root
         self._user_name = user_name
+        self._slurm_jobs = slurm_jobs
 
     def attribute(self, pid: int, node: str = "", now: float = 0.0) -> Process | None:
         """The identity and attribution of ``pid`` on ``node``, first and last seen ``now``, or
@@ -95,14 +113,68 @@ class ProcReader:
         return None
 
     def _slurm_job_from_environ(self, base: Path) -> str | None:
-        raw = _read_bytes(base / "environ")
-        if not raw:
-            return None
+        value = self._slurm_environ(base).get("SLURM_JOB_ID")
+        return value if value is not None and value.isdigit() else None
+
+    def _slurm_environ(self, base: Path) -> dict[str, str]:
+        raw = _read_bytes(base / "environ") or b""
+        out = {}
         for entry in raw.split(b"\0"):
-            if entry.startswith(b"SLURM_JOB_ID="):
-                value = entry.split(b"=", 1)[1].decode(errors="replace")
-                return value if value.isdigit() else None
-        return None
+            name, _, value = entry.partition(b"=")
+            if name in _SLURM_ENVIRON:
+                out[name.decode()] = value.decode(errors="replace")
+        return out
+
+    def declare(self, process: Process, now: float = 0.0) -> tuple[Declaration, ...]:
+        """What ``process`` declares (its Slurm job's mode, its systemd unit, its command
+        line's signature) as records of its workload, last seen ``now``."""
+        subject = intent.subject_of(process)
+        out = []
+        if process.slurm_job_id:
+            kind, name, attributes = slurm.declaration_facts(self._slurm_job(process))
+            out.append(
+                Declaration(
+                    process.node,
+                    subject,
+                    intent.SLURM,
+                    kind,
+                    name,
+                    intent.implied(kind),
+                    attributes,
+                    now,
+                )
+            )
+        if process.systemd_unit:
+            out.append(
+                Declaration(
+                    process.node,
+                    subject,
+                    intent.SYSTEMD,
+                    intent.SYSTEMD_UNIT,
+                    process.systemd_unit,
+                    None,
+                    None,
+                    now,
+                )
+            )
+        found = intent.signature(process.cmdline or process.comm)
+        if found is not None:
+            out.append(
+                Declaration(
+                    process.node, subject, intent.CMDLINE, found[0], None, str(found[1]), None, now
+                )
+            )
+        return tuple(out)
+
+    def _slurm_job(self, process: Process) -> slurm.SlurmJob:
+        job_id = process.slurm_job_id or ""
+        job = slurm.from_cgroup(job_id, process.cgroup)
+        job = job.merged(
+            slurm.from_environ(job_id, self._slurm_environ(self._root / str(process.pid)))
+        )
+        if (job.interactive is None or job.name is None) and self._slurm_jobs is not None:
+            job = job.merged(self._slurm_jobs.lookup(job_id))
+        return job
 
 
 def _read(path: Path) -> str | None:

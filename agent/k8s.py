@@ -8,6 +8,17 @@ We chose the API server over the kubelet's pod-resources socket because it needs
 
 When the API server cannot be reached (not in a cluster, RBAC missing, network policy), the
 failure is logged once and counted, and attribution keeps working with pod UIDs.
+
+Declared intent (schema 3, ``store.intent``): the same answer gives each pod's owner chain, its
+allow-listed labels and annotations and its priority class. The chain is followed upwards by
+asking the API server for each owner that can itself be owned (``get`` on ReplicaSets,
+StatefulSets, Deployments, Jobs and RayClusters: a ReplicaSet's Deployment, a Deployment's
+InferenceService, a Job's CronJob, a StatefulSet's Notebook or LeaderWorkerSet, a RayCluster's
+RayJob or RayService). Where that is refused or fails, the controllers' name rules stand in:
+a ReplicaSet is ``<deployment>-<pod-template-hash>``, a CronJob's Job is ``<cronjob>-<minute>``;
+and the labels purpose-built controllers put on their pods name them (``notebook-name``,
+``serving.kserve.io/inferenceservice``, ``leaderworkerset.sigs.k8s.io/name``, KubeRay's
+``ray.io/originated-from-crd``). Only allow-listed keys are stored, their values redacted.
 """
 
 from __future__ import annotations
@@ -23,13 +34,31 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from agent.redact import redact_text
+from store import intent
 from store.errors import AiscopeError
-from store.schema import Pod
+from store.schema import Declaration, Pod
 
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+#: Owner kinds that can have an owner of their own, and so are looked up.
+_OWNED_KINDS = frozenset({"ReplicaSet", "StatefulSet", "Deployment", "Job", "RayCluster"})
+#: How far up an owner chain goes (pod -> ReplicaSet -> Deployment -> InferenceService is 3).
+_MAX_CHAIN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """One link of an owner chain, from an ``ownerReferences`` entry."""
+
+    kind: str
+    name: str
+    api_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +66,13 @@ class PodName:
     uid: str
     namespace: str
     name: str
+    #: The pod's controller owner, as its ownerReferences give it (``None``: a bare pod).
+    owner: Owner | None = None
+    #: Allow-listed labels and annotations (``store.intent.allowed``), and the priority class.
+    labels: tuple[tuple[str, str], ...] = ()
+    priority_class: str | None = None
+    #: The ``pod-template-hash`` label (not stored: it names the ReplicaSet's Deployment).
+    template_hash: str | None = None
 
 
 class PodDirectoryError(AiscopeError, RuntimeError):
@@ -65,6 +101,11 @@ class PodDirectory:
         self._pods: dict[str, PodName] = {}
         self._failures = 0
         self._failing = False
+        #: (namespace, kind, name) -> that owner's own controller owner (``None``: it has none),
+        #: or absent when not asked yet; owners whose lookup failed are in ``_unresolvable``.
+        self._owners: dict[tuple[str, str, str], Owner | None] = {}
+        self._unresolvable: set[tuple[str, str, str]] = set()
+        self._declarations: list[Declaration] = []
 
     @classmethod
     def in_cluster(cls, node: str) -> PodDirectory | None:
@@ -106,11 +147,71 @@ class PodDirectory:
                 log.info("pod names available again (%d pods on %s)", len(pods), self.node)
             self._failing = False
         now = self._clock()
+        self._declarations = [self._declaration(p, now) for p in pods]
         return [Pod(self.node, p.uid, p.namespace, p.name, now) for p in pods]
+
+    def declarations(self) -> list[Declaration]:
+        """What the pods of the last good answer declare (owner chain, labels, priority
+        class), as store records: one per pod with an owner, an allow-listed label or a
+        priority class."""
+        return [d for d in self._declarations if d.kind != "Pod" or d.attributes]
+
+    def _declaration(self, pod: PodName, now: float) -> Declaration:
+        chain = self._chain(pod)
+        labels = dict(pod.labels)
+        top = chain[-1] if chain else None
+        kind, name = (top.kind, top.name) if top else ("Pod", pod.name)
+        named = intent.label_owner(labels)
+        if named is not None and intent.strength(named[0], intent.KUBERNETES) > intent.strength(
+            kind, intent.KUBERNETES
+        ):
+            kind, name = named
+        attributes = intent.attributes_json(
+            {
+                "owners": [f"{o.kind}/{o.name}" for o in chain],
+                "labels": labels,
+                "priority_class": pod.priority_class,
+            }
+        )
+        return Declaration(
+            node=self.node,
+            subject=f"pod:{pod.uid}",
+            source=intent.KUBERNETES,
+            kind=kind,
+            name=f"{pod.namespace}/{name}",
+            implies=intent.implied(kind),
+            attributes=attributes,
+            last_seen_ts=now,
+        )
+
+    def _chain(self, pod: PodName) -> list[Owner]:
+        """The pod's owners from its controller up; each owned kind is asked for its own owner,
+        else named by the controllers' name rules."""
+        chain: list[Owner] = []
+        owner = pod.owner
+        while owner is not None and len(chain) < _MAX_CHAIN:
+            chain.append(owner)
+            owner = self._owner_of(pod, owner) if owner.kind in _OWNED_KINDS else None
+        return chain
+
+    def _owner_of(self, pod: PodName, owner: Owner) -> Owner | None:
+        key = (pod.namespace, owner.kind, owner.name)
+        if key not in self._owners and key not in self._unresolvable:
+            try:
+                self._owners[key] = _controller(self._get(_object_path(pod.namespace, owner)))
+            except PodDirectoryError as exc:
+                self._unresolvable.add(key)
+                log.info("owner %s/%s not readable, naming it by rule: %s", *key[1:], exc)
+        if key in self._owners:
+            return self._owners[key]
+        return _owner_by_rule(pod, owner)
 
     def _fetch(self) -> list[PodName]:
         query = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={self.node}"})
-        request = urllib.request.Request(f"{self._url}/api/v1/pods?{query}")
+        return _pod_names(self._get(f"/api/v1/pods?{query}"))
+
+    def _get(self, path: str) -> object:
+        request = urllib.request.Request(f"{self._url}{path}")
         request.add_header("Accept", "application/json")
         if self._token_path is not None:
             try:
@@ -125,7 +226,47 @@ class PodDirectory:
                 body = json.loads(response.read())
         except (OSError, ValueError) as exc:
             raise PodDirectoryError(f"{self._url}: {exc}") from None
-        return _pod_names(body)
+        return body
+
+
+def _object_path(namespace: str, owner: Owner) -> str:
+    """The API path of a namespaced owner: ``/apis/apps/v1/namespaces/ns/replicasets/x``."""
+    group = "/api/v1" if owner.api_version in ("", "v1") else f"/apis/{owner.api_version}"
+    plural = owner.kind.lower() + "s"
+    quote = urllib.parse.quote
+    return f"{group}/namespaces/{quote(namespace)}/{plural}/{quote(owner.name)}"
+
+
+def _controller(body: object) -> Owner | None:
+    """The controller owner in an object's ``metadata.ownerReferences`` (the first owner when
+    none is marked controller), or ``None``."""
+    meta = body.get("metadata") if isinstance(body, dict) else None
+    refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    if not isinstance(refs, list):
+        return None
+    valid = [r for r in refs if isinstance(r, dict) and isinstance(r.get("kind"), str)]
+    valid = [r for r in valid if isinstance(r.get("name"), str)]
+    if not valid:
+        return None
+    ref = next((r for r in valid if r.get("controller") is True), valid[0])
+    return Owner(ref["kind"], ref["name"], str(ref.get("apiVersion") or ""))
+
+
+def _owner_by_rule(pod: PodName, owner: Owner) -> Owner | None:
+    """An owner's owner by the controllers' name rules, when the API server was not asked."""
+    if owner.kind == "ReplicaSet":
+        deployment = intent.deployment_of(owner.name, pod.template_hash)
+        return Owner("Deployment", deployment, "apps/v1") if deployment else None
+    if owner.kind == "Job":
+        cronjob = intent.cronjob_of(owner.name)
+        return Owner("CronJob", cronjob, "batch/v1") if cronjob else None
+    if owner.kind == "RayCluster":
+        labels = dict(pod.labels)
+        crd = labels.get("ray.io/originated-from-crd")
+        name = labels.get("ray.io/originated-from-cr-name")
+        if crd in ("RayJob", "RayService") and name:
+            return Owner(crd, name, "ray.io/v1")
+    return None
 
 
 def _pod_names(body: object) -> list[PodName]:
@@ -136,5 +277,23 @@ def _pod_names(body: object) -> list[PodName]:
         meta = item.get("metadata", {}) if isinstance(item, dict) else {}
         uid, namespace, name = meta.get("uid"), meta.get("namespace"), meta.get("name")
         if isinstance(uid, str) and isinstance(namespace, str) and isinstance(name, str):
-            out.append(PodName(uid, namespace, name))
+            out.append(_pod_name(item, uid, namespace, name))
     return out
+
+
+def _pod_name(item: dict[str, Any], uid: str, namespace: str, name: str) -> PodName:
+    meta = item["metadata"]
+    spec = item.get("spec") if isinstance(item.get("spec"), dict) else {}
+    raw_labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    kept = {**intent.keep_allowed(meta.get("annotations")), **intent.keep_allowed(raw_labels)}
+    priority = spec.get("priorityClassName") if isinstance(spec, dict) else None
+    template_hash = raw_labels.get("pod-template-hash")
+    return PodName(
+        uid,
+        namespace,
+        name,
+        owner=_controller(item),
+        labels=tuple(sorted((k, redact_text(v)) for k, v in kept.items())),
+        priority_class=priority if isinstance(priority, str) else None,
+        template_hash=template_hash if isinstance(template_hash, str) else None,
+    )

@@ -40,6 +40,7 @@ from agent.snapshot import GpuProcess, Snapshot
 from agent.store import Store
 from store.schema import (
     AgentEvent,
+    Declaration,
     Device,
     GpuSample,
     Process,
@@ -114,6 +115,7 @@ class Sampler:
         self._driver_retry_at = 0.0
         self._devices: dict[str, Device] = {}
         self._attribution: dict[tuple[int, int | None], Process | None] = {}
+        self._declared: dict[tuple[int, int | None], tuple[Declaration, ...]] = {}
         self._counters = _Counters()
         self._lock = threading.Lock()
         self._snapshot = Snapshot(node=node, driver_up=False)
@@ -337,8 +339,10 @@ class Sampler:
             )
             identities = [self._identity(p, now) for p in found if p.attribution]
             self._store.add([p.sample for p in found] + identities + cgroups)
+            self._store.add(self._declarations(found, now))
         seen = {(p.sample.pid, p.sample.start_ticks) for p in found}
         self._attribution = {k: v for k, v in self._attribution.items() if k in seen}
+        self._declared = {k: v for k, v in self._declared.items() if k in seen}
         with self._lock:
             self._snapshot = replace(self._snapshot, processes=tuple(found), cgroups=tuple(cgroups))
 
@@ -357,6 +361,19 @@ class Sampler:
             sm_utilization_ratio=reading.sm_utilization_ratio,
         )
         return GpuProcess(uuid=uuid, sample=sample, attribution=self._attribution[key])
+
+    def _declarations(self, found: list[GpuProcess], now: float) -> list[Declaration]:
+        """What the processes found declare (read once per process, re-dated each scan)."""
+        out: dict[tuple[str, str], Declaration] = {}
+        for p in found:
+            key = (p.sample.pid, p.sample.start_ticks)
+            if p.attribution is None:
+                continue
+            if key not in self._declared:
+                self._declared[key] = self._procs.declare(replace(p.attribution, node=self.node))
+            for d in self._declared[key]:
+                out[(d.subject, d.source)] = replace(d, last_seen_ts=now)
+        return list(out.values())
 
     def _identity(self, proc: GpuProcess, now: float) -> Process:
         a = proc.attribution

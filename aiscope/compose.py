@@ -33,6 +33,7 @@ from agent.nvml import Nvml
 from agent.sampler import Sampler
 from agent.schedule import Skips
 from agent.service import Agent
+from agent.slurm import SlurmJobs
 from agent.store import Store
 from aiscope import __version__
 from aiscope.trailing import TrailingFailed, analyze_in_child
@@ -63,7 +64,7 @@ def build_agent(
     synthetic load; ``simulate`` plays one node of a scenario live (its GPUs, host and /proc).
     ``clock`` dates samples, rollups and retention (bench/soak.py runs it faster than time)."""
     host = HostReader(config.node)
-    procs = ProcReader()
+    procs = ProcReader(slurm_jobs=SlurmJobs.on_this_node())
     if simulate:
         from sim.engine import LiveNode  # noqa: PLC0415
 
@@ -108,7 +109,13 @@ def build_agent(
     pods = _pod_directory(config)
     if pods is not None:
         collectors.append(PodInfoCollector(config.node, pods.snapshot))
-        jobs.append(("pods", lambda: store.add(pods.refresh()), POD_REFRESH_SECONDS))
+        jobs.append(
+            (
+                "pods",
+                lambda: store.add([*pods.refresh(), *pods.declarations()]),
+                POD_REFRESH_SECONDS,
+            )
+        )
     if config.publish:
         publisher = _publisher(config, store)
         collectors.append(PublishCollector(config.node, publisher.stats))

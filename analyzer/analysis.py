@@ -7,6 +7,7 @@ import datetime as dt
 import re
 from typing import Any
 
+from analyzer import declared
 from analyzer.classify import GpuVerdict, classify
 from analyzer.context import Finding, context, to_json
 from analyzer.findings import run as run_detectors
@@ -18,6 +19,7 @@ from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
 from analyzer.summary import sparkline, summarize, top_actions
 from analyzer.thresholds import Thresholds
+from store.intent import Declared
 from store.storefile import Input
 
 SCHEMA = "aiscope.analysis/1"
@@ -49,7 +51,7 @@ def analyze(
     seconds = parse_duration(since)
     paths: list[Input] = inputs(stores)
     data = load(paths, seconds, timeout=timeout)
-    verdicts = classify(data, thresholds)
+    verdicts = declared.combine(data, classify(data, thresholds))  # declared beside observed
     ctx = context(data, verdicts, thresholds or Thresholds())  # one for detectors and owners
     results = run_detectors(ctx)
     recommendations, skipped = run_all(data, verdicts, results.findings)
@@ -61,6 +63,7 @@ def analyze(
         entry["series"] = sparkline(data, f)
         findings.append(entry)
     summary = summarize(data, verdicts, results.findings)
+    intents = declared.by_gpu(data)
     summary["timeline"]["start"] = iso(summary["timeline"]["start"])
     if books.bill["cost"] is not None:  # priced: each top action says what it cost
         costs = tuple(entry["cost"] for entry in books.findings)
@@ -69,7 +72,9 @@ def analyze(
         "schema": SCHEMA,
         "window": _window(data),
         "stores": [str(p) for p in paths],
-        "gpus": [_gpu(v, results.waiting.get(v.info.uuid)) for v in verdicts],
+        "gpus": [
+            _gpu(v, results.waiting.get(v.info.uuid), intents.get(v.info.uuid)) for v in verdicts
+        ],
         "summary": summary,
         "findings": findings,
         "recommendations": [recommendation_json(r) for r in recommendations],
@@ -89,7 +94,9 @@ def _window(data: FleetData) -> dict[str, Any]:
     return window
 
 
-def _gpu(v: GpuVerdict, waiting: Finding | None) -> dict[str, Any]:
+def _gpu(
+    v: GpuVerdict, waiting: Finding | None, intent: tuple[str, Declared] | None
+) -> dict[str, Any]:
     return {
         "node": v.info.node,
         "gpu": v.info.gpu_index,
@@ -99,6 +106,8 @@ def _gpu(v: GpuVerdict, waiting: Finding | None) -> dict[str, Any]:
         "class": v.gpu_class,
         "confidence": v.confidence,
         "evidence": list(v.evidence),
+        # What the GPU's main workload declares itself to be (analyzer.declared), or null.
+        "declared": declared.to_json(intent),
         # Measured for training and batch GPUs, below the finding thresholds too; else null.
         "starved_gpu_hours": round(waiting.gpu_hours_lost, 2) if waiting else None,
         "waiting_ratio": round(waiting.detail("waiting_ratio"), 3) if waiting else None,

@@ -292,12 +292,23 @@ def build(
         "cost": None if price is None else round(gpu_hours * price, 2),
         "currency": (doc.get("bill") or {}).get("currency") if price is not None else None,
         "class": cls,
+        # What the job declares itself to be (the analysis's ``declared`` of its GPUs), beside
+        # the class its GPUs were observed in; null when it declares nothing.
+        "declared": _declared(doc, job.tenant, {u for _, u, _, _ in spans}),
         "waiting": waiting,
         "gpus": gpus,
         "findings": findings,
         "verdict": verdict,
         "changes": changes,
     }
+
+
+def _declared(doc: dict[str, Any], tenant: str, uuids: set[str]) -> dict[str, Any] | None:
+    for g in doc["gpus"]:
+        found = g.get("declared")
+        if g["uuid"] in uuids and found and found.get("workload") == tenant:
+            return dict(found)
+    return None
 
 
 def _owner(doc: dict[str, Any], tenant: str) -> str | None:
@@ -333,7 +344,8 @@ def job_findings(
     for f in doc["findings"]:
         if f["uuid"] not in uuids or _ts(f["end"]) < start or _ts(f["start"]) > end:
             continue
-        named = [f.get(k) for k in ("job", "holder", "victim", "aggressor") if f.get(k)]
+        keys = ("job", "holder", "victim", "aggressor", "workload")
+        named = [f.get(k) for k in keys if f.get(k)]
         if named and tenant not in named:
             continue
         out.append({k: v for k, v in f.items() if k != "series"})

@@ -20,9 +20,19 @@ from typing import Any, NamedTuple
 import duckdb
 
 from analyzer import mig
+from store import intent
 from store import storefile as sf
 from store.errors import BadInput
-from store.schema import CgroupSample, Device, GpuSample, HostSample, NetSample, ProcessSample
+from store.intent import Declared
+from store.schema import (
+    CgroupSample,
+    Declaration,
+    Device,
+    GpuSample,
+    HostSample,
+    NetSample,
+    ProcessSample,
+)
 
 BUCKET_SECONDS = 300
 
@@ -179,6 +189,8 @@ class FleetData:
     events: dict[str, int] = field(default_factory=dict)  # agent events by kind (xid, ...)
     #: GPU samples dated after now + a day (a wrong clock), left out of the window.
     ignored_future_samples: int = 0
+    #: What each tenant declares (schema 3's ``declarations``; ``analyzer.declared``).
+    declarations: dict[str, tuple[Declared, ...]] = field(default_factory=dict)
 
 
 def expand(patterns: list[str]) -> list[Path]:
@@ -371,6 +383,7 @@ def _materialize(
     )
     _materialize_host(con, aliases, start, end, bucket)
     _materialize_tenancy(con, aliases, start, end, bucket)
+    _materialize_declarations(con, aliases)
     con.execute(
         "CREATE TABLE events AS SELECT kind, count(*) AS n "
         f"FROM ({_union(aliases, sf.AGENT_EVENTS)}) WHERE ts > $s AND ts <= $e GROUP BY kind",
@@ -456,6 +469,29 @@ def _materialize_tenancy(
     )
 
 
+def _materialize_declarations(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> None:
+    """What the window's tenants declare, joined by the subject their processes give
+    (``store.intent.SUBJECT_SQL``); none from stores written before schema 3."""
+    con.execute(
+        f"CREATE TABLE declared AS SELECT DISTINCT {TENANT_SQL} AS tenant, d.source, d.kind, "
+        "d.name, d.implies "
+        f"FROM ({_union(aliases, sf.PROCESSES)}) p "
+        f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid "
+        f"JOIN ({_union(aliases, Declaration.TABLE)}) d "
+        f"ON d.node = p.node AND d.subject = {intent.SUBJECT_SQL} "
+        "WHERE tenant IN (SELECT DISTINCT tenant FROM tenancy)"
+    )
+
+
+def _fetch_declarations(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[Declared, ...]]:
+    out: dict[str, list[Declared]] = {}
+    for tenant, source, kind, name, implies in con.execute(
+        "SELECT tenant, source, kind, name, implies FROM declared ORDER BY ALL"
+    ).fetchall():
+        out.setdefault(tenant, []).append(Declared(kind, name, implies, source))
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def _pods(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> str:
     """Pod names from the stores that have them (stores written before pod lookup do not)."""
     # One catalog query for every input (it scans each attached store's tables: once per alias
@@ -536,6 +572,7 @@ def _fetch(
         buckets={k: tuple(v) for k, v in buckets.items()},
         hints={k: tuple(sorted(set(v))) for k, v in hints.items()},
         sample_interval_seconds=interval,
+        declarations=_fetch_declarations(con),
     )
 
 

@@ -270,7 +270,8 @@ class _Ledger:
 
     def _finding_tenants(self, f: Finding) -> list[str]:
         """The workloads a finding is about: the idle holder(s), the starved job, the victim."""
-        who = f.detail({"idle_held": "holder", "starved": "job"}.get(f.kind, "victim"))
+        fields = {"idle_held": "holder", "starved": "job", "declared_mismatch": "workload"}
+        who = f.detail(fields.get(f.kind, "victim"))
         if not isinstance(who, str) or who == NO_PROCESS:
             return []
         if who in self.ctx.data.tenants:

@@ -81,6 +81,15 @@ def top_actions(
             key = (verb.format(job=f.detail("job")), "starved")
         elif f.kind == "idle_held":
             key = (f"Release the GPU held idle by {f.detail('holder')}", "idle_held")
+        elif f.kind == "declared_mismatch":
+            what = (
+                f"{f.detail('declared_kind')} {f.detail('declared_name') or f.detail('workload')}"
+            )
+            key = (
+                f"Check {what}: declared {f.detail('declared_class')}, "
+                f"runs as {f.detail('observed_class')}",
+                "declared_mismatch",
+            )
         else:
             key = (
                 f"Separate {f.detail('victim')} from {f.detail('aggressor')} "

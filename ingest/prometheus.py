@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.store import Store, insert_rows
+from ingest import kube_state
 from store.errors import BadInput, Failure
 from store.masking import mask_url
 from store.schema import (
@@ -572,8 +573,28 @@ def _read_gpus(
         stage.sql("DROP TABLE IF EXISTS prom_long")
     _write_devices(client, plan, names, store, gpus)
     _write_holders(store, gpus)
+    _write_declarations(client, plan, store, gpus)
     _write_xids(client, plan, names, store)
     return set(gpus.devices)
+
+
+def _write_declarations(client: Client, plan: _Plan, store: Store, gpus: _Gpus) -> None:
+    """What the pods that held GPUs declare, from kube-state-metrics when the server has it
+    (:mod:`ingest.kube_state`), joined on namespace and pod."""
+    pods: dict[tuple[str, str], set[str]] = {}
+    for _, node, _, namespace, pod, _, _, _ in gpus.holders:
+        if namespace and pod:
+            pods.setdefault((namespace, pod), set()).add(node)
+    if not pods:
+        return
+    names = client.names(selector("", "", f'__name__=~"{"|".join(kube_state.SERIES)}"'))
+    window = _duration(plan.end - plan.start + plan.step)
+    found = kube_state.declarations(
+        lambda q: client.instant(q, plan.end), pods, names, window, plan.end
+    )
+    if found:
+        store.add(found)
+        store.flush()
 
 
 def _long_rows(

@@ -263,7 +263,63 @@ def finding_summary(f: dict[str, Any]) -> str:
             else f"slowed {f['slowdown_ratio']:.0%}"
         )
         return f"{f['victim']} {slowed} by {f['aggressor']} ({f['resource']})"
+    if f["kind"] == "declared_mismatch":
+        what = f"{f['declared_kind']} {f.get('declared_name') or f['workload']}"
+        ratio = f.get("computed_ratio")
+        computed = f", computed in {ratio:.0%} of intervals" if ratio is not None else ""
+        return (
+            f"{what}, declared {f['declared_class']}, runs as {f['observed_class']}"
+            f" on {f['gpus']} GPU{'s' if f['gpus'] != 1 else ''}{computed}"
+        )
     return f"held by {f['holder']} for {f['idle_held_seconds'] / 3600:.1f} h"
+
+
+# -- declared intent ---------------------------------------------------------------------------
+
+
+def declared_label(d: dict[str, Any]) -> str:
+    """``Deployment chat/x (kubernetes)`` for a GPU's ``declared`` object."""
+    what = f"{d['kind']} {d['name']}" if d.get("name") else d["kind"]
+    return f"{what} ({d['source']})"
+
+
+def declared_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per workload that declares something: its declaration, the class it implies,
+    the classes its GPUs were observed in, and how the two met (``agrees``, ``mismatch``: the
+    behaviour stood on strong evidence, ``as declared``: the behaviour was too unsure to stand,
+    or ``-`` when the declaration implies no class). Mismatches first, then by GPUs."""
+    rows: dict[str, dict[str, Any]] = {}
+    for g in doc["gpus"]:
+        d = g.get("declared")
+        if not d:
+            continue
+        key = d.get("workload") or declared_label(d)
+        row = rows.setdefault(
+            key,
+            {
+                "workload": key,
+                "declared": declared_label(d),
+                "implies": d.get("implies"),
+                "observed": {},
+                "gpus": 0,
+                "unsure": False,
+            },
+        )
+        row["observed"][g["class"]] = row["observed"].get(g["class"], 0) + 1
+        row["gpus"] += 1
+        row["unsure"] |= any("too weak to stand" in e for e in g.get("evidence", ()))
+    out = []
+    for row in rows.values():
+        implies, observed = row["implies"], row["observed"]
+        if implies is None:
+            status = "-"
+        elif any(c not in (implies, "idle") for c in observed):
+            status = "mismatch"
+        else:
+            status = "as declared" if row["unsure"] else "agrees"
+        classes = ", ".join(f"{c} ({n})" for c, n in sorted(observed.items()))
+        out.append({**row, "observed": classes, "status": status})
+    return sorted(out, key=lambda r: (r["status"] != "mismatch", -r["gpus"], r["workload"]))
 
 
 # -- owners and money --------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from report import TOP_N, outlook, svg
 from report.content import (
     CLASS_ORDER,
     coverage_lines,
+    declared_rows,
     finding_rows,
     finding_summary,
     fleet_size,
@@ -242,8 +243,45 @@ def _findings(doc: dict[str, Any]) -> str:
         )
         if len(rows) > TOP_N:
             parts.append(f'<p class="muted">... and {len(rows) - TOP_N} more (see the JSON).</p>')
+    parts.append(_declared(doc))
     parts.append("</section>")
     return "".join(parts)
+
+
+def _declared(doc: dict[str, Any]) -> str:
+    """Declared intent beside the observed class, mismatches first (only when some workload
+    declares something)."""
+    rows = declared_rows(doc)
+    if not rows:
+        return ""
+    table = _table(
+        ["workload", "declared", "implies", "observed (GPUs)", "GPUs", "how they meet"],
+        [
+            [
+                r["workload"],
+                r["declared"],
+                r["implies"] or "-",
+                r["observed"],
+                r["gpus"],
+                r["status"],
+            ]
+            for r in rows[: TOP_N * 2]
+        ],
+        {4},
+    )
+    notes = "".join(
+        f"<li>{_e(gpu_label(f, doc))}: {_e(f['evidence'][0])}; {_e(f['evidence'][1])}</li>"
+        for f in finding_rows(doc, "declared_mismatch")[:TOP_N]
+    )
+    return (
+        "<h3>Declared intent</h3>"
+        + table
+        + (
+            f"<p>Behaviour against declaration, on strong evidence:</p><ul>{notes}</ul>"
+            if notes
+            else ""
+        )
+    )
 
 
 def _recommendations(doc: dict[str, Any]) -> str:

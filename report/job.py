@@ -23,6 +23,8 @@ def render_job(doc: dict[str, Any]) -> str:
         f"  class    {cls['class'] or 'unknown'}"
         + (f" (confidence {cls['confidence']:.2f})" if cls["confidence"] is not None else ""),
     ]
+    if doc.get("declared"):
+        lines.append(f"  declared {declared_words(doc['declared'])}")
     waiting = doc["waiting"]
     if waiting["cause"]:
         lines.append(
@@ -51,6 +53,13 @@ def render_job(doc: dict[str, Any]) -> str:
             for c in others
         ]
     return "\n".join(lines)
+
+
+def declared_words(d: dict[str, Any]) -> str:
+    """``Notebook alice/nb (kubernetes), implies interactive`` for a ``declared`` object."""
+    what = f"{d['kind']} {d['name']}" if d.get("name") else d["kind"]
+    implies = f", implies {d['implies']}" if d.get("implies") else ", implies no class"
+    return f"{what} ({d['source']}){implies}"
 
 
 def _money(cost: float | None, doc: dict[str, Any]) -> str:
@@ -104,6 +113,7 @@ def _finding(f: dict[str, Any]) -> str:
         "starved": f"starved ({f.get('cause')})",
         "idle_held": "idle-held",
         "noisy_neighbor": f"noisy neighbour ({f.get('resource')})",
+        "declared_mismatch": f"ran as {f.get('observed_class')} against its declaration",
     }.get(f["kind"], f["kind"])
     first = f["evidence"][0] if f.get("evidence") else ""
     return f"  - {f['node']}/{f['gpu']} {what}, {f['gpu_hours_lost']:.1f} GPU-h: {first}"

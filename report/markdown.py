@@ -8,6 +8,7 @@ from report import TOP_N, outlook
 from report.content import (
     CLASS_ORDER,
     coverage_lines,
+    declared_rows,
     finding_rows,
     finding_summary,
     gpu_label,
@@ -145,7 +146,38 @@ def _findings(doc: dict[str, Any]) -> list[str]:
         if len(rows) > TOP_N:
             out += ["", f"... and {len(rows) - TOP_N} more {kind} findings."]
         out += ["", f"Evidence for the costliest: {'; '.join(rows[0]['evidence'])}", ""]
-    return out
+    return out + _declared(doc)
+
+
+def _declared(doc: dict[str, Any]) -> list[str]:
+    """Declared intent beside the observed class, and the strong disagreements (only when
+    some workload declares something)."""
+    rows = declared_rows(doc)
+    if not rows:
+        return []
+    out = ["### Declared intent", ""]
+    out += _table(
+        ["workload", "declared", "implies", "observed (GPUs)", "GPUs", ""],
+        [
+            [
+                r["workload"],
+                r["declared"],
+                r["implies"] or "-",
+                r["observed"],
+                r["gpus"],
+                r["status"],
+            ]
+            for r in rows[: TOP_N * 2]
+        ],
+    )
+    mismatches = finding_rows(doc, "declared_mismatch")
+    if mismatches:
+        out += ["", "Behaviour against declaration, on strong evidence:", ""]
+        out += [
+            f"- {gpu_label(f, doc)}: {f['evidence'][0]}; {f['evidence'][1]}"
+            for f in mismatches[:TOP_N]
+        ]
+    return [*out, ""]
 
 
 def _owners(doc: dict[str, Any]) -> list[str]:

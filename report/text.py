@@ -10,6 +10,7 @@ from rich.table import Table
 from report import TOP_N
 from report.content import (
     coverage_lines,
+    declared_rows,
     finding_summary,
     gpu_label,
     has_data,
@@ -81,7 +82,12 @@ def _findings(console: Console, doc: dict[str, Any]) -> None:
         findings.add_column(col, justify="right" if col == "GPU-h" else "left")
     rows = doc["findings"][:TOP_N]
     for f in rows:
-        style = {"starved": "yellow", "noisy_neighbor": "magenta", "idle_held": "cyan"}[f["kind"]]
+        style = {
+            "starved": "yellow",
+            "noisy_neighbor": "magenta",
+            "idle_held": "cyan",
+            "declared_mismatch": "red",
+        }.get(f["kind"], "white")
         findings.add_row(
             f"[{style}]{f['kind']}[/{style}]",
             gpu_label(f, doc),
@@ -92,6 +98,22 @@ def _findings(console: Console, doc: dict[str, Any]) -> None:
     if len(doc["findings"]) > TOP_N:
         more = len(doc["findings"]) - TOP_N
         console.print(f"... and {more} more findings (see --out report.json).")
+    console.print()
+    _declared(console, doc)
+
+
+def _declared(console: Console, doc: dict[str, Any]) -> None:
+    rows = declared_rows(doc)
+    if not rows:
+        return
+    table = Table(title="Declared intent beside the observed class", title_justify="left")
+    for col in ("workload", "declared", "implies", "observed (GPUs)", ""):
+        table.add_column(col)
+    for r in rows[:TOP_N]:
+        style = "red" if r["status"] == "mismatch" else "white"
+        status = f"[{style}]{r['status']}[/{style}]"
+        table.add_row(r["workload"], r["declared"], r["implies"] or "-", r["observed"], status)
+    console.print(table)
     console.print()
 
 

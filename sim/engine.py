@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.attribution import ProcReader, pod_uid_from_cgroup
+from agent.attribution import ProcReader, pod_uid_from_cgroup, slurm_job_from_cgroup
 from agent.host import HostReader
 from agent.nvml import Nvml
 from agent.sampler import Sampler
@@ -53,7 +53,8 @@ from sim.workloads import (
     clamp,
     workload_class,
 )
-from store.schema import Pod
+from store import intent
+from store.schema import Declaration, Pod
 
 GPU_IDLE = 0x1
 #: Ground truth marks checkpoint stalls as starvation (ranks wait while rank 0 writes) when they
@@ -83,9 +84,11 @@ def build_workloads(scenario: Scenario, seed: int) -> list[Workload]:
         for i, spec in enumerate(scenario.workloads)
     ]
     mig_memory = _mig_memory(scenario)
-    for w in workloads:
+    for spec, w in zip(scenario.workloads, workloads, strict=True):
         w.growth_per_week = scenario.growth_per_week
         w.mig_memory = mig_memory
+        # A training job given a namespace runs in a pod (a PyTorchJob's workers).
+        w.in_pod = spec.namespace is not None and w.truth_class == "training"
     return workloads
 
 
@@ -538,6 +541,7 @@ def simulate(
     ticks = int(horizon // interval)
     workloads = build_workloads(scenario, seed)
     pods = pod_records(scenario, workloads, scenario.start_epoch + horizon)  # checked first
+    declared = declaration_records(scenario, workloads, scenario.start_epoch + horizon)
     store = Store(store_path, buffer_capacity_rows=1_000_000, extra_records=(GroundTruth,))
     store.check_writable()  # an unwritable or foreign store: one error now, not after a day
     total_ticks = ticks * len(scenario.nodes)
@@ -564,6 +568,7 @@ def simulate(
             sampler.stop()
             store.flush()
     store.add(pods)
+    store.add(declared)  # after the run: a declared mode replaces the one the agent read
     store.flush()
     store.write_now(_truth_records(scenario, workloads, horizon, seed))
     store.rollup(scenario.start_epoch + horizon + 3600)
@@ -792,10 +797,38 @@ def pod_records(scenario: Scenario, workloads: list[Workload], now: float) -> li
         uid = pod_uid_from_cgroup(w.cgroup())
         if uid is None:
             raise ScenarioError(
-                f"workload {spec.name}: namespace is for workloads that run in a pod "
-                f"(kind inference), not {spec.kind}"
+                f"workload {spec.name}: namespace is for workloads that can run in a pod "
+                f"(inference, training), not {spec.kind}"
             )
         out += [Pod(node, uid, spec.namespace, spec.name, now) for node in sorted(w.nodes())]
+    return out
+
+
+def declaration_records(
+    scenario: Scenario, workloads: list[Workload], now: float
+) -> list[Declaration]:
+    """What the workloads given a ``declared`` kind declare, as the agent would record it: a
+    Kubernetes owner kind for a pod (the API server's answer), a Slurm mode for a job."""
+    out = []
+    for spec, w in zip(scenario.workloads, workloads, strict=True):
+        if spec.declared is None:
+            continue
+        kind, name = spec.declared, spec.declared_name or spec.name
+        job, uid = slurm_job_from_cgroup(w.cgroup()), pod_uid_from_cgroup(w.cgroup())
+        if kind in intent.SLURM_KINDS and job is not None:
+            subject, source = f"slurm:{job}", intent.SLURM
+        elif kind in intent.OWNER_KINDS and uid is not None and job is None:
+            subject, source, name = f"pod:{uid}", intent.KUBERNETES, f"{spec.namespace}/{name}"
+        else:
+            raise ScenarioError(
+                f"workload {spec.name}: declared {kind!r} does not fit how it runs (a Slurm "
+                "mode is for a Slurm job, an owner kind for a workload in a pod)"
+            )
+        implies = intent.implied(kind)
+        out += [
+            Declaration(node, subject, source, kind, name, implies, None, now)
+            for node in sorted(w.nodes())
+        ]
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from sim.profiles import PROFILES, DeviceProfile, MigProfile, mig_layout
 from sim.workloads import REGISTRY, Placement, Window, params_from, workload_class
+from store import intent
 from store.errors import BadInput
 
 BUILTIN = Path(__file__).parent / "scenarios"
@@ -68,9 +69,16 @@ class WorkloadSpec:
     window: Window
     params: Any
     #: Who runs it: the user name its uid resolves to (else ``user<uid>``), and for a workload
-    #: that runs in a pod (``inference``), the pod's namespace.
+    #: that runs in a pod (``inference``, or ``training`` as a PyTorchJob's pods), the pod's
+    #: namespace.
     user: str | None = None
     namespace: str | None = None
+    #: Declared intent (``store.intent``): a Kubernetes owner kind for a workload in a pod
+    #: (``Deployment``, ``Notebook``, ...), or a Slurm mode for one in a Slurm job (``slurm
+    #: interactive``); its name defaults to the workload's. It may be wrong on purpose: a
+    #: training job declared interactive is how the mismatch finding is tested.
+    declared: str | None = None
+    declared_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +307,22 @@ def _workload(raw: dict[str, Any], i: int, nodes: dict[str, NodeSpec], days: flo
         params,
         user=_identity(raw, "user", where),
         namespace=_identity(raw, "namespace", where),
+        declared=_declared(raw, where),
+        declared_name=raw.get("declared_name")
+        if isinstance(raw.get("declared_name"), str)
+        else None,
     )
+
+
+def _declared(raw: dict[str, Any], where: str) -> str | None:
+    """An optional declared kind: a Kubernetes owner kind or a Slurm mode."""
+    value = raw.get("declared")
+    if value is None:
+        return None
+    known = (*intent.OWNER_KINDS, *intent.SLURM_KINDS)
+    if value not in known:
+        raise ValueError(f"{where}.declared: unknown kind {value!r}; known: {', '.join(known)}")
+    return str(value)
 
 
 def _identity(raw: dict[str, Any], key: str, where: str) -> str | None:

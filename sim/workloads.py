@@ -146,6 +146,15 @@ class Window:
         return self.start <= t < self.end
 
 
+def pod_cgroup(index: int) -> str:
+    """The cgroup the kubelet (systemd driver, containerd) gives workload ``index``'s pod."""
+    uid = f"{0x1B4E0000 + index:08x}_6f1d_4d6e_9a57_2c1f0f1e3a9b"
+    return (
+        "/kubepods.slice/kubepods-burstable.slice/"
+        f"kubepods-burstable-pod{uid}.slice/cri-containerd-{index:064x}.scope"
+    )
+
+
 class Workload(ABC):
     """A workload placed on GPUs over a time window. Subclasses define ``Params``."""
 
@@ -157,6 +166,9 @@ class Workload(ABC):
     #: Memory of the MIG instances this workload is placed on, by (node, placement number)
     #: (set by the engine; a whole GPU's comes from its profile).
     mig_memory: Mapping[tuple[str, int], int] = MappingProxyType({})
+    #: Set by the engine for a workload given a ``namespace``: it runs in a pod, whatever its
+    #: kind (a PyTorchJob's workers), rather than as a Slurm job.
+    in_pod: bool = False
 
     def __init__(
         self,
@@ -233,6 +245,8 @@ class Workload(ABC):
         return ("python", f"{self.name}.py")
 
     def cgroup(self) -> str:
+        if self.in_pod:
+            return pod_cgroup(self.index)
         return f"/slurm/uid_{1000 + self.index}/job_{41000 + self.index}/step_0/task_0"
 
     def memory_total(self, node: str, gpu: int | None = None) -> int:
@@ -627,11 +641,7 @@ class Inference(Workload):
         )
 
     def cgroup(self) -> str:
-        uid = f"{0x1B4E0000 + self.index:08x}_6f1d_4d6e_9a57_2c1f0f1e3a9b"
-        return (
-            "/kubepods.slice/kubepods-burstable.slice/"
-            f"kubepods-burstable-pod{uid}.slice/cri-containerd-{self.index:064x}.scope"
-        )
+        return pod_cgroup(self.index)
 
 
 # -- batch, interactive, held, idle -------------------------------------------------------------

@@ -10,7 +10,8 @@ schema is refused rather than misread; an older one is migrated when it is opene
 (columns added since are nullable, so its rows read as "not reported": see ``agent.store``).
 
 Versions: 1, the first; 2 added the MIG identity of a device (``parent_uuid``, ``mig_profile``,
-``gpu_instance_id``, ``compute_instance_id``).
+``gpu_instance_id``, ``compute_instance_id``); 3 added declared intent (the ``declarations``
+table: :class:`Declaration`, vocabulary in ``store.intent``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class GpuClass(StrEnum):
@@ -193,6 +194,30 @@ class Pod:
 
 
 @dataclass(frozen=True, slots=True)
+class Declaration:
+    """What a workload declares itself to be (schema 3), from one source: its Kubernetes owner
+    chain, Slurm's batch or interactive mode, its systemd unit, or its command line's signature.
+
+    ``subject`` is the workload identity (``store.intent.subject_of``: ``pod:<uid>``,
+    ``slurm:<job>``, ``unit:<name>``, ``process:<pid>:<ticks>``); ``kind`` the declared kind
+    (``Deployment``, ``slurm interactive``, ``vllm``); ``name`` what that kind is called
+    (``chat/x``); ``implies`` the class it implies, or ``None``; ``attributes`` JSON of the
+    allow-listed labels and annotations, priority class, partition, QOS and owner chain."""
+
+    TABLE: ClassVar[str] = "declarations"
+    KEY: ClassVar[tuple[str, ...]] = ("node", "subject", "source")
+
+    node: str
+    subject: str
+    source: str
+    kind: str
+    name: str | None
+    implies: str | None
+    attributes: str | None
+    last_seen_ts: float
+
+
+@dataclass(frozen=True, slots=True)
 class HostSample:
     """One tick of the host. Ratios are of all CPUs; PSI values are the kernel's avg10 / 100."""
 
@@ -309,7 +334,7 @@ SAMPLE_RECORDS: tuple[type[Any], ...] = (
     CgroupSample,
     AgentEvent,
 )
-KEYED_RECORDS: tuple[type[Any], ...] = (Device, Process, Pod)
+KEYED_RECORDS: tuple[type[Any], ...] = (Device, Process, Pod, Declaration)
 ALL_RECORDS: tuple[type[Any], ...] = (*SAMPLE_RECORDS, *KEYED_RECORDS)
 
 

@@ -116,7 +116,16 @@ def test_kustomize_builds_and_wires_together() -> None:
     assert "nvidia.com/gpu" not in agent["resources"].get("limits", {})
     assert {"requests", "limits"} <= set(agent["resources"])
     role = docs[("ClusterRole", "aiscope-agent")]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    # list pods; get only the owners a pod's owner chain passes through (declared intent)
+    assert role["rules"][0] == {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+    assert all(r["verbs"] == ["get"] for r in role["rules"][1:])
+    assert {res for r in role["rules"][1:] for res in r["resources"]} == {
+        "replicasets",
+        "statefulsets",
+        "deployments",
+        "jobs",
+        "rayclusters",
+    }
     service = docs[("Service", "aiscope-agent")]
     monitor = docs[("ServiceMonitor", "aiscope-agent")]
     assert (
