@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from aiscope.cli.common import (
+    CONFIG_BESIDE_STORE,
     STATE,
     check_config,
     progress,
@@ -90,7 +91,8 @@ def demo_command(
     """Simulate a week of a mixed 4-node, 32-GPU cluster on virtual hardware, analyze it, and
     write report.html, report.md and analysis.json.
 
-    Needs no GPU and no network. The store (demo.duckdb) stays in DIR for `aiscope analyze`.
+    Needs no GPU and no network. The store (demo.duckdb) stays in DIR for `aiscope analyze`,
+    with the config beside it (aiscope.toml), where the readers find it without --config.
     The week is priced per team with the bundled example config, or with --config.
 
     \b
@@ -100,6 +102,7 @@ def demo_command(
       aiscope demo --config my-prices.toml
     """
     import dataclasses  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
     import time  # noqa: PLC0415
 
     from analyzer.analysis import analyze  # noqa: PLC0415
@@ -134,6 +137,8 @@ def demo_command(
         update(1.0)
     for name in ("report.html", "report.md", "analysis.json"):
         write(doc, out / name)
+    # Beside the store, where analyze, report, job, plan and notify look without --config.
+    shutil.copyfile(config, out / CONFIG_BESIDE_STORE)
     s = doc["summary"]
     typer.echo(
         f"{s['gpus']} GPUs, {s['hours'] / 24:.0f} days: useful {s['shares']['useful']:.0%}, "
