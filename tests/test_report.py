@@ -306,7 +306,7 @@ def _reservation(schedule: list[int], current: int, pool: str = f"pod {UID}", **
 def test_line_chart_ticks_are_nice_and_values_sit_on_them(doc: dict) -> None:
     """A service holding 4 GPUs is drawn exactly on the gridline labelled 4; the axis top is
     the smallest 1-2-5 tick at or above the maximum (the 6-GPU reservation), not 1.1 x it."""
-    rec = _reservation([6] * 7 + [4] * 5 + [6] * 12, current=4)
+    rec = _reservation([6] * 7 + [4] * 5 + [6] * 12, current=4, spare_gpus=0, gpus=6)
     page = render_html(_with(doc, recommendations=[rec], not_enough_data=[]))
     chart = _chart(page, "Demand and reservation")
     ticks = _texts(chart, "ytick")
@@ -320,6 +320,10 @@ def test_line_chart_ticks_are_nice_and_values_sit_on_them(doc: dict) -> None:
     assert {y for _, y in current} == {77.3}  # exactly the y of the tick labelled "4"
     reserved = _points(_polyline(chart, "#0072B2"))
     assert {y for _, y in reserved} == {30.0, 77.3}  # the schedule's 6 and 4
+    # with a node-failure spare the line is what is held in reserve: its top is the text's 7
+    spared = _reservation([6] * 7 + [4] * 5 + [6] * 12, current=4)
+    page = render_html(_with(doc, recommendations=[spared], not_enough_data=[]))
+    assert "the reservation schedule runs 5 to 7 GPUs (1 of them for a node failure)" in page
 
 
 @pytest.mark.parametrize(

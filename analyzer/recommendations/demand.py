@@ -91,6 +91,18 @@ def demand_curve(
     return times, [per_time[t] / target_util for t in times]
 
 
+def last_held(data: FleetData, service: Service) -> float | None:
+    """The end of the service's last bucket with memory held on any of its GPUs (epoch
+    seconds); ``None`` when none held any."""
+    ends = [
+        b.start + data.bucket_seconds
+        for gpu in service.gpus
+        for b in data.buckets.get(gpu.uuid, ())
+        if (b.memory_bytes or 0.0) > 0.0
+    ]
+    return max(ends) if ends else None
+
+
 #: A model is resident once its GPU holds this share of the memory it holds at its median.
 RESIDENT_MEMORY_RATIO = 0.8
 

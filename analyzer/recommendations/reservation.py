@@ -44,6 +44,7 @@ from analyzer.recommendations.demand import (
     Service,
     cold_start_seconds,
     demand_curve,
+    last_held,
     mean,
     services,
 )
@@ -390,7 +391,7 @@ class ReservationStrategy:
 
     def run(self, inputs: Inputs) -> list[Recommendation] | NotEnoughData:
         s = self.settings
-        if inputs.history_days < s.min_history_days:
+        if inputs.history_days + inputs.data.bucket_seconds / 86400 < s.min_history_days:
             return NotEnoughData(
                 self.kind,
                 f"{inputs.history_days:.1f} days of history; a reservation needs at least "
@@ -399,13 +400,22 @@ class ReservationStrategy:
         found = services(inputs.data, inputs.verdicts)
         if not found:
             return NotEnoughData(self.kind, "no GPU was classified as online inference")
+        # Nothing is reserved for work that ended before the window's last day (issue 24: the
+        # demo reserved 10 GPUs for a fine-tune that had ended three days before).
+        last_day = inputs.data.window_end - DAY
+        running = [v for v in found if (last_held(inputs.data, v) or 0.0) > last_day]
         out = []
-        for service in found:
+        for service in running:
             rec = self._service(inputs, service)
             if rec is not None:
                 out.append(rec)
         if not out:
-            return NotEnoughData(self.kind, f"fewer than {s.min_points} points for every service")
+            ended = len(found) - len(running)
+            return NotEnoughData(
+                self.kind,
+                f"fewer than {s.min_points} points for every running service"
+                + (f"; {ended} ended before the window's last day" if ended else ""),
+            )
         return out
 
     def _service(self, inputs: Inputs, service: Service) -> Recommendation | None:
@@ -470,7 +480,7 @@ class ReservationStrategy:
             + f"); by {granularity} it needs {lo}-{hi}, so {schedule.peak - lo} can lend to "
             f"batch off-peak. It holds {current} today."
         )
-        if warm and cold is not None:
+        if warm and cold is not None and spare:
             summary += f" Its cold start is {cold / 60:.0f} min: keep the {spare} spares warm."
         minutes_week = 7 * 24 * 60
         evidence = (
@@ -521,7 +531,7 @@ class ReservationStrategy:
                 ("quantile", s.quantile),
                 ("current_gpus", current),
                 ("spare_gpus", spare),
-                ("warm_spares", warm),
+                ("warm_spares", warm and spare > 0),
                 ("cold_start_seconds", cold),
                 ("schedule", {"by": granularity, "gpus": list(schedule.gpus)}),
                 ("expected_under_provisioned_minutes_per_week", rec.under_ratio * minutes_week),
