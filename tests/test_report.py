@@ -29,6 +29,7 @@ from tests.conftest import REPO, require_tool
 from tests.test_findings import build_store
 
 GOLDEN = REPO / "tests" / "golden"
+DEMO_CONFIG = REPO / "aiscope" / "demo-config.toml"
 UPDATE = bool(os.environ.get("AISCOPE_UPDATE_GOLDEN"))
 
 
@@ -211,7 +212,7 @@ def test_demo_writes_the_three_files(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=300,
+        timeout=600,
         check=False,
     )
     assert result.returncode == 0, result.stderr
@@ -226,6 +227,15 @@ def test_demo_writes_the_three_files(tmp_path: Path) -> None:
         r["kind"] for r in doc["recommendations"]
     }
     assert "ERROR" not in result.stderr  # the scenario's faults are in the report, not the log
+    # issue 24: a capacity outlook from the two weeks before, owners and money, and the config
+    # beside the store for the readers
+    assert [p["not_enough_data"] for p in doc["plan"]["pools"]] == [None] * len(
+        doc["plan"]["pools"]
+    )
+    assert "## Capacity outlook" in (out / "report.md").read_text()
+    assert doc["bill"]["cost"] and {o["owner"] for o in doc["owners"]} >= {"llm", "search"}
+    assert (out / "aiscope.toml").read_text() == DEMO_CONFIG.read_text()
+    assert not [r for r in doc["recommendations"] if "41006" in r.get("pool", "")]
 
 
 # --- What the charts and tables say, number by number -------------------------------------------

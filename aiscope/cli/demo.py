@@ -131,10 +131,20 @@ def demo_command(
     for name in ("agent", "store"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     with progress("simulating a week of 32 GPUs") as update:
+        # The weeks before, sampled coarser: the history the capacity outlook forecasts from
+        # (issue 24: `plan` on the demo said "not enough data" for every pool).
+        for weeks in range(HISTORY_WEEKS, 0, -1):
+            past = dataclasses.replace(
+                scenario,
+                start_epoch=scenario.start_epoch - weeks * 7 * 86400.0,
+                interval_seconds=HISTORY_INTERVAL_SECONDS,
+            )
+            simulate(past, store)
         simulate(scenario, store, progress=update)
     with progress("analyzing") as update:
         doc = analyze([str(store)], "7d", thresholds=thresholds, accounting=accounting)
         update(1.0)
+    _attach_outlook(doc, store, thresholds)
     for name in ("report.html", "report.md", "analysis.json"):
         write(doc, out / name)
     # Beside the store, where analyze, report, job, plan and notify look without --config.
@@ -155,6 +165,20 @@ def demo_command(
     typer.echo(f"open {(out / 'report.html').resolve()}  ({time.monotonic() - started:.0f} s)")
 
 
+def _attach_outlook(doc: dict[str, Any], store: Path, thresholds: Any) -> None:
+    """The capacity plan of the demo's three weeks, from the classes the analysis gave, for the
+    report's capacity outlook (as ``aiscope report`` attaches it)."""
+    from analyzer.plan import plan  # noqa: PLC0415
+    from report.outlook import has_outlook  # noqa: PLC0415
+
+    with progress("planning") as update:
+        classes = {g["uuid"]: g["class"] for g in doc["gpus"]}
+        result = plan([str(store)], thresholds=thresholds, classes=classes)
+        update(1.0)
+    if has_outlook(result):
+        doc["plan"] = result
+
+
 def echo_traces() -> None:
     """Which traces drove the demo: with stand-ins its numbers differ from the README's."""
     from sim import traces  # noqa: PLC0415
@@ -172,6 +196,9 @@ def echo_traces() -> None:
 
 
 DEMO_INTERVAL_SECONDS = 300.0
+#: Weeks simulated before the demo's week, every 30 minutes: the capacity outlook's history.
+HISTORY_WEEKS = 2
+HISTORY_INTERVAL_SECONDS = 1800.0
 
 
 DEMO_CONFIG = Path(__file__).parent.parent / "demo-config.toml"
