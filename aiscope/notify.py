@@ -34,7 +34,7 @@ from email.utils import formatdate, make_msgid
 from pathlib import Path
 from typing import Any
 
-from analyzer.notices import Notice, NoticeRules
+from analyzer.notices import Notice, NoticeRules, job_causes
 from store.errors import BadInput, Failure
 from store.masking import mask_url
 from store.schema import NoticeSent
@@ -313,11 +313,21 @@ def notice_text(owner: str, notices: list[Notice]) -> str:
         lines += [
             "",
             f"* {subject}: {what} on {len(ns)} GPU(s) ({gpus}), {hours:.1f} GPU-hours lost{cost}",
-            *(f"    {e}" for e in worst.evidence),
+            *(f"    {e}" for e in _evidence(worst, ns)),
             f"    Fix: {worst.fix}.",
         ]
     lines += ["", "You get this once per finding. Details: aiscope job <id>."]
     return "\n".join(lines)
+
+
+def _evidence(worst: Notice, ns: list[Notice]) -> list[str]:
+    """The costliest finding's evidence, with its one GPU's split by cause replaced by the
+    workload's over all the GPUs told about (the figure the report and ``aiscope job`` show)."""
+    if worst.kind != "starved" or len(ns) < 2:
+        return list(worst.evidence)
+    total = ", ".join(f"{c} {h:.1f} GPU-h" for c, h in job_causes(ns) if h > 0)
+    line = f"by cause, over its {len(ns)} GPUs: {total}"
+    return [line if e.startswith("by cause: ") else e for e in worst.evidence]
 
 
 def notice_mail(cfg: NotifyConfig, to: str, owner: str, notices: list[Notice]) -> EmailMessage:

@@ -62,6 +62,8 @@ def analyze(
         entry.update(owned)  # its owner, and its cost when prices are set
         entry["series"] = sparkline(data, f)
         findings.append(entry)
+    if books.bill["cost"] is not None:  # priced: "costliest first" means by cost (issue 24)
+        findings.sort(key=lambda e: -(e.get("cost") or 0.0))
     summary = summarize(data, verdicts, results.findings)
     intents = declared.by_gpu(data)
     summary["timeline"]["start"] = iso(summary["timeline"]["start"])

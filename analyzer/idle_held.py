@@ -13,6 +13,7 @@ An idle GPU with nothing on it is not idle-held, and neither is a GPU that compu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from analyzer.context import GIB, Context, Detected, Finding, GpuView, gpu_name, hours
@@ -167,9 +168,13 @@ def _finding(
             "no process was seen on the GPU while the memory was held: an orphaned allocation, "
             "or a process in a PID namespace the agent cannot see"
         )
-    active_before = _active_hours_before(ctx, view, holder, runs[0].start)
-    if active_before > 0:
-        evidence.append(f"the holder computed for {active_before:.1f} h before going idle")
+    # Over the whole window, not before the first stretch only: a notebook that computes
+    # between idle stretches did so for hours (issue 24: "computed for 0.2 h before going idle"
+    # beside its class evidence's 33 sessions of compute).
+    active = _active_hours_before(ctx, view, holder, math.inf)
+    if active > 0:
+        when = "between its idle stretches" if len(runs) > 1 else "before going idle"
+        evidence.append(f"the holder computed for {active:.1f} h in the window, {when}")
     return Finding(
         kind="idle_held",
         node=view.info.node,

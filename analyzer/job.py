@@ -272,6 +272,8 @@ def build(
     for change in changes:
         change["cost"] = None if price is None else round(change["gpu_hours"] * price, 2)
     verdict = _verdict(changes, gpu_hours, end - start, th, waiting["gpu_hours"])
+    advice = job_recommendations(doc, job.tenant)
+    verdict = _reserved(verdict, advice)
     verdict["cost"] = None if price is None else round(verdict["gpu_hours"] * price, 2)
     return {
         "schema": SCHEMA,
@@ -300,6 +302,9 @@ def build(
         "findings": findings,
         "verdict": verdict,
         "changes": changes,
+        # The analysis's recommendations for the workload's service (its reservation), as the
+        # report shows them.
+        "recommendations": advice,
     }
 
 
@@ -309,6 +314,26 @@ def _declared(doc: dict[str, Any], tenant: str, uuids: set[str]) -> dict[str, An
         if g["uuid"] in uuids and found and found.get("workload") == tenant:
             return dict(found)
     return None
+
+
+def job_recommendations(doc: dict[str, Any], tenant: str) -> list[dict[str, Any]]:
+    """The analysis's recommendations whose pool is this workload or the service it is a
+    replica of (a pod of a Deployment)."""
+    from analyzer.recommendations.demand import service_name  # noqa: PLC0415
+
+    names = {tenant, service_name(tenant)}
+    return [r for r in doc.get("recommendations", []) if r.get("pool") in names]
+
+
+def _reserved(verdict: dict[str, Any], advice: list[dict[str, Any]]) -> dict[str, Any]:
+    """ "Healthy" is not the verdict of a service the analysis would resize (issue 24: the
+    report reserved 8 GPUs for a pod that ``aiscope job`` called healthy)."""
+    resize = [
+        r for r in advice if r["kind"] == "reservation" and r.get("gpus") != r.get("current_gpus")
+    ]
+    if verdict["action"] != "none" or not resize:
+        return verdict
+    return {"action": "reservation", "summary": resize[0]["summary"], "gpu_hours": 0.0}
 
 
 def _owner(doc: dict[str, Any], tenant: str) -> str | None:

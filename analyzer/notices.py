@@ -57,6 +57,8 @@ class Notice:
     fix: str
     cost: float | None = None
     owner: str | None = None  # the owner owners[] accounts it to (a team, account, namespace)
+    #: A starved finding's GPU-hours by cause (the analysis's split), largest first.
+    causes: tuple[tuple[str, float], ...] = ()
 
 
 def _ts(text: str) -> float:
@@ -110,7 +112,25 @@ def _notice(f: dict[str, Any], subject: str, user: str | None) -> Notice:
         fix=fix or FIX["unknown"],
         cost=float(cost) if isinstance(cost, int | float) else None,
         owner=f.get("owner"),
+        causes=_causes(f),
     )
+
+
+def _causes(f: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    if f["kind"] != "starved":
+        return ()
+    split = f.get("causes") or {f["cause"]: f["gpu_hours_lost"]}
+    return tuple(sorted(((str(c), float(h)) for c, h in split.items()), key=lambda kv: -kv[1]))
+
+
+def job_causes(notices: list[Notice]) -> list[tuple[str, float]]:
+    """A workload's waiting by cause over all its notices' GPUs (GPU-hours), largest first: the
+    sum ``aiscope job`` and the report show, not one GPU's (issue 24)."""
+    total: dict[str, float] = {}
+    for n in notices:
+        for cause, hours in n.causes:
+            total[cause] = total.get(cause, 0.0) + hours
+    return sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 def told(notice: Notice, sent: list[NoticeSent]) -> bool:

@@ -107,10 +107,39 @@ def evaluate(
     for job in jobs:
         job.k_ref, job.reference = _physical(ctx, job, owns[job.name], fleet)
         comm_waits = _comm_waits(ctx, job)
-        for member in job.members:
-            losses = [_loss(ctx, job, member, b, comm_waits, explained) for b in member.buckets]
-            out.append(_finding(ctx, job, member, [x for x in losses if x is not None]))
+        members = [
+            (
+                m,
+                [
+                    x
+                    for b in m.buckets
+                    if (x := _loss(ctx, job, m, b, comm_waits, explained)) is not None
+                ],
+            )
+            for m in job.members
+        ]
+        cadence = _job_cadence(members, ctx.data.bucket_seconds)
+        for member, losses in members:
+            out.append(_finding(ctx, job, member, losses, cadence))
     return out
+
+
+def _job_cadence(members: list[tuple[_Member, list[_Loss]]], bucket_seconds: int) -> float | None:
+    """The job's checkpoint cadence (minutes): the median over its GPUs of the gap between
+    their waits in collectives, when they recur regularly. One figure per job, which every GPU's
+    evidence, the owner's notice and the split's preemption quote (issue 24: 50 min in the
+    notice, 90 in the split)."""
+    periods = [
+        p
+        for _, losses in members
+        if (
+            p := _period_minutes(
+                [x for x in losses if x.cause in ("communication", "network")], bucket_seconds
+            )
+        )
+        is not None
+    ]
+    return statistics.median(periods) if periods else None
 
 
 # -- jobs and references --------------------------------------------------------------------------
@@ -314,7 +343,9 @@ def _ib_surge(ctx: Context, node: str, t: float) -> bool:
 # -- the finding ----------------------------------------------------------------------------------
 
 
-def _finding(ctx: Context, job: _Job, m: _Member, losses: list[_Loss]) -> tuple[Finding, bool]:
+def _finding(
+    ctx: Context, job: _Job, m: _Member, losses: list[_Loss], cadence: float | None = None
+) -> tuple[Finding, bool]:
     """The GPU's finding, and whether it passes the thresholds."""
     th = ctx.thresholds
     view = m.view
@@ -337,7 +368,7 @@ def _finding(ctx: Context, job: _Job, m: _Member, losses: list[_Loss]) -> tuple[
         f"{lost_hours:.1f} GPU-hours lost",
         "by cause: " + ", ".join(f"{c} {h:.1f} GPU-h" for c, h in ranked),
         f"waiting measured from power against {job.reference}",
-        *_cause_evidence(ctx, job, m, losses, cause),
+        *_cause_evidence(ctx, job, m, losses, cause, cadence),
     ]
     details: list[tuple[str, object]] = [
         ("cause", cause),
@@ -346,6 +377,8 @@ def _finding(ctx: Context, job: _Job, m: _Member, losses: list[_Loss]) -> tuple[
         ("waiting_ratio", ratio),
         ("causes", {c: round(h, 2) for c, h in ranked}),
     ]
+    if cadence is not None:  # the job's, for the views that name its checkpoint cycle
+        details.append(("checkpoint_minutes", round(cadence, 1)))
     if job.straggler is not None:
         details.append(("straggler", job.straggler.worker))
     first = losses[0].start if losses else m.buckets[0].start
@@ -371,7 +404,7 @@ def _who(job: _Job, view: GpuView) -> str:
 
 
 def _cause_evidence(
-    ctx: Context, job: _Job, m: _Member, losses: list[_Loss], cause: str
+    ctx: Context, job: _Job, m: _Member, losses: list[_Loss], cause: str, cadence: float | None
 ) -> list[str]:
     mine = [x for x in losses if x.cause == cause]
     utils = [x.util for x in mine if x.util is not None]
@@ -384,9 +417,8 @@ def _cause_evidence(
             f"while waiting, utilization read {util_text} but power was {power}: "
             "ranks blocked in a collective"
         )
-        periodic = _period_minutes(mine, ctx.data.bucket_seconds)
-        if periodic is not None:
-            out.append(f"the waits recur every ~{periodic:.0f} min (checkpoints)")
+        if cadence is not None:
+            out.append(f"the job's waits recur every ~{cadence:.0f} min (checkpoints)")
     elif cause == "throttled":
         out.append(
             "clock-event reasons report power or thermal limits; clocks below the job's best"

@@ -334,6 +334,18 @@ class _Plan:
         )
 
 
+def check_files(paths: list[Path], fields: list[str] | None) -> None:
+    """Refuse, before a store is created, files that are not nvidia-smi CSV, and a set of files
+    with no sample at all (a header alone: issue 24, it created an empty store that every reader
+    then called "no samples")."""
+    for path in paths:
+        _, _, lines = read_header(path, fields)
+        if any(line.strip() for line in lines):
+            return
+    where = paths[0] if len(paths) == 1 else f"{len(paths)} files"
+    raise ImportError_(f"{where}: no samples (a header and no data lines); nothing imported")
+
+
 def import_files(
     paths: list[Path],
     store: Store,

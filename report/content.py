@@ -42,14 +42,20 @@ def headline(doc: dict[str, Any]) -> list[str]:
     by_class = ", ".join(
         f"{c} {s['gpu_hours'][c]:,.0f}" for c in CLASS_ORDER if s["gpu_hours"].get(c)
     )
-    sh = s["shares"]
+    sh = {k: share(v) for k, v in s["shares"].items()}
     lines = [
         f"{fleet_size(doc)} over {s['hours'] / 24:.1f} days: {total:,.0f} GPU-hours ({by_class}).",
-        f"Useful {sh['useful']:.0%}, idle {sh['idle']:.0%}, starved {sh['starved']:.0%}, "
-        f"idle-held {sh['idle_held']:.0%}, lost to noisy neighbours {sh['noisy_neighbor']:.0%}.",
+        f"Useful {sh['useful']}, idle {sh['idle']}, starved {sh['starved']}, "
+        f"idle-held {sh['idle_held']}, lost to noisy neighbours {sh['noisy_neighbor']}.",
     ]
     cost = bill_line(doc)
     return [*lines, cost] if cost else lines
+
+
+def share(ratio: float) -> str:
+    """A share of GPU-hours as a percentage; one decimal under 1% so that a share with findings
+    behind it never reads "0%" (issue 24: "lost to noisy neighbours 0%" beside 29 GPU-hours)."""
+    return f"{ratio:.1%}" if 0 < ratio < 0.01 else f"{ratio:.0%}"
 
 
 def top_actions(doc: dict[str, Any]) -> list[str]:
@@ -69,10 +75,24 @@ def finding_rows(doc: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [f for f in doc["findings"] if f["kind"] == kind]
 
 
+def waiting_causes(f: dict[str, Any]) -> dict[str, float]:
+    """A starved finding's GPU-hours by cause: its ``causes`` split where the analysis gave one
+    (a job waits in collectives and for reasons unmeasured), else all under its ``cause``. The
+    one split every view sums (report, ``aiscope job``, notify; issue 24: the report put the
+    whole loss under the dominant cause while ``job`` split it)."""
+    split = f.get("causes")
+    if isinstance(split, dict) and split:
+        return {str(c): float(h) for c, h in split.items()}
+    return {str(f["cause"]): float(f["gpu_hours_lost"])}
+
+
 def starved_by_cause(doc: dict[str, Any]) -> list[tuple[str, float, int]]:
+    """(cause, GPU-hours lost, GPUs that waited for it), the largest first."""
     causes: dict[str, list[float]] = {}
     for f in finding_rows(doc, "starved"):
-        causes.setdefault(f["cause"], []).append(f["gpu_hours_lost"])
+        for cause, hours in waiting_causes(f).items():
+            if hours > 0:
+                causes.setdefault(cause, []).append(hours)
     return sorted(((c, sum(v), len(v)) for c, v in causes.items()), key=lambda x: (-x[1], x[0]))
 
 
@@ -358,7 +378,13 @@ def bill_line(doc: dict[str, Any]) -> str | None:
     return (
         f"Cost {money(b['cost'], doc)}: GPU-hours {money(b['gpu_cost'], doc)}{energy}; "
         f"of it idle and unowned {money(w['idle_unowned'], doc)}, idle-held "
-        f"{money(w['idle_held'], doc)}, starved {money(w['starved'], doc)}."
+        f"{money(w['idle_held'], doc)}, starved {money(w['starved'], doc)}"
+        + (
+            f", noisy neighbours {money(w['noisy_neighbor'], doc)}"
+            if w.get("noisy_neighbor") is not None
+            else ""
+        )
+        + "."
     )
 
 

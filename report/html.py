@@ -27,6 +27,7 @@ from report.content import (
     rec_text,
     recommendation_fields,
     service_name,
+    share,
     span,
     starved_by_cause,
     timeline,
@@ -140,7 +141,7 @@ def _cards(doc: dict[str, Any]) -> str:
     bar = svg.share_bar(
         shares,
         "Share of GPU-hours by outcome",
-        ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in shares.items()),
+        ", ".join(f"{k.replace('_', ' ')} {share(v)}" for k, v in shares.items()),
     )
     return f'<div class="cards">{card_html}</div>{bar}'
 
@@ -309,7 +310,11 @@ def _recommendation_chart(r: dict[str, Any]) -> str:
     if r["kind"] == "reservation" and r.get("demand_by_hour"):
         profile = r["demand_by_hour"]
         sched = r["schedule"]["gpus"]
-        hourly = sched if len(sched) == 24 else [max(sched[h::24]) for h in range(24)]
+        # What is held in reserve: the schedule and the node-failure spares, so the line's top
+        # is the "Reserve N GPUs" of the text (issue 24: it stopped at the schedule's peak).
+        spare = int(r.get("spare_gpus") or 0)
+        by_hour = sched if len(sched) == 24 else [max(sched[h::24]) for h in range(24)]
+        hourly = [g + spare for g in by_hour]
         series = {
             "demand": profile["p50"],
             "demand_p99": profile["p99"],
@@ -321,7 +326,9 @@ def _recommendation_chart(r: dict[str, Any]) -> str:
             f"Demand and reservation for {service_name(r)} by hour of day (UTC)",
             f"Median demand peaks at {max(profile['p50']):.1f} GPUs and p99 at "
             f"{max(profile['p99']):.1f}; the reservation schedule runs "
-            f"{span(min(hourly), max(hourly))} GPUs; the service holds {r['current_gpus']} today.",
+            f"{span(min(hourly), max(hourly))} GPUs"
+            + (f" ({spare} of them for a node failure)" if spare else "")
+            + f"; the service holds {r['current_gpus']} today.",
             steps=("reserved",),
             x_labels=[(h, f"{h:02d}:00") for h in range(0, 24, 3)],
             height=200,

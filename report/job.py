@@ -27,9 +27,10 @@ def render_job(doc: dict[str, Any]) -> str:
         lines.append(f"  declared {declared_words(doc['declared'])}")
     waiting = doc["waiting"]
     if waiting["cause"]:
+        causes = ", ".join(f"{c} {h:.1f}" for c, h in (waiting.get("causes") or {}).items())
         lines.append(
             f"  waiting  {waiting['ratio']:.0%} of its GPU-hours ({waiting['gpu_hours']:.1f}), "
-            f"mostly {waiting['cause']}"
+            f"mostly {waiting['cause']}" + (f" (GPU-hours by cause: {causes})" if causes else "")
         )
     verdict = doc["verdict"]
     stake = (
@@ -45,13 +46,17 @@ def render_job(doc: dict[str, Any]) -> str:
         lines += [_finding(f) for f in doc["findings"][:10]]
         if len(doc["findings"]) > 10:
             lines.append(f"  ... and {len(doc['findings']) - 10} more (--format json)")
-    others = doc["changes"][1:] if doc["verdict"]["action"] != "none" else doc["changes"]
+    others = [c for c in doc["changes"] if c["summary"] != verdict["summary"]]
     if others:
         lines += ["", "Other changes:"]
         lines += [
             f"  - {c['summary']} ({c['gpu_hours']:.1f} GPU-hours{_money(c.get('cost'), doc)})"
             for c in others
         ]
+    advice = doc.get("recommendations") or []
+    if advice:
+        lines += ["", "For its service (as the report recommends):"]
+        lines += [f"  - {r['summary']}" for r in advice]
     return "\n".join(lines)
 
 

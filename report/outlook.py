@@ -43,6 +43,16 @@ def _backtest(p: dict[str, Any]) -> str:
     return f"MASE {mase}, {cover} in the {bt['level']:.0%} band"
 
 
+#: The classes a plan pool holds, where its name alone would read as one class: the training
+#: pool's GPUs are the analysis's training and batch GPUs (issue 24: "20 training GPUs" in the
+#: plan where every other view counts 18 training and 2 batch).
+POOL_LABELS = {"training": "training + batch"}
+
+
+def pool_label(pool: str) -> str:
+    return POOL_LABELS.get(pool, pool)
+
+
 def pool_rows(plan: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The pools table: capacity, demand, growth, saturation, SLO risk and the backtest."""
     header = ["pool", "GPUs", "demand p99", "growth/week", "saturates", "SLO risk", "backtest"]
@@ -56,7 +66,12 @@ def pool_rows(plan: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             saturates = _day(p["saturation"]) if p["saturation"] else "not in horizon"
             backtest = _backtest(p)
         risk = _day(p.get("slo_risk")) if p["pool"] == "inference" else ""
-        row = [p["pool"], str(p["capacity_gpus"]), demand, _growth(p["growth_per_week"])]
+        row = [
+            pool_label(p["pool"]),
+            str(p["capacity_gpus"]),
+            demand,
+            _growth(p["growth_per_week"]),
+        ]
         rows.append([*row, saturates, risk, backtest])
     return header, rows
 
@@ -102,7 +117,7 @@ def summary_lines(plan: dict[str, Any]) -> list[str]:
     lines = []
     for p in plan["pools"]:
         if p["not_enough_data"]:
-            lines.append(f"{p['pool']}: no forecast ({p['not_enough_data']}).")
+            lines.append(f"{pool_label(p['pool'])}: no forecast ({p['not_enough_data']}).")
             continue
         when = (
             f"its p99 demand passes its {p['capacity_gpus']} GPUs in the week of "
@@ -111,7 +126,7 @@ def summary_lines(plan: dict[str, Any]) -> list[str]:
             else f"its p99 demand stays within its {p['capacity_gpus']} GPUs to "
             f"{_day(plan['horizon']['end'])}"
         )
-        lines.append(f"{p['pool']}: {_growth(p['growth_per_week'])} a week; {when}.")
+        lines.append(f"{pool_label(p['pool'])}: {_growth(p['growth_per_week'])} a week; {when}.")
     for m in plan.get("moves", []):
         lines.append(
             f"Before buying: move {m['gpus']} GPUs from {m['from']} to {m['to']} ({m['why']})."

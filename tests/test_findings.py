@@ -122,7 +122,7 @@ def test_idle_held_names_the_holder_and_the_time(held_store: Path) -> None:
     assert job["holder"] == "slurm job 41823" and job["user"] == "alice"
     assert 2.9 * 3600 <= job["idle_held_seconds"] <= 3.0 * 3600
     assert job["gpu_hours_lost"] == pytest.approx(job["idle_held_seconds"] / 3600, abs=0.01)
-    assert any("computed for 1.0 h before going idle" in e for e in job["evidence"])
+    assert any("computed for 1.0 h in the window, before going idle" in e for e in job["evidence"])
     orphan = found[3]
     assert orphan["holder"] == "no process"
     assert any("no process was seen" in e for e in orphan["evidence"])

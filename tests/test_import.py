@@ -208,3 +208,43 @@ def test_import_round_trips_and_not_reported_never_becomes_zero(
     assert got == [
         tuple(pytest.approx(x) if x is not None else None for x in row) for row in expected
     ]
+
+
+def test_a_header_only_log_creates_no_store(tmp_path: Path) -> None:
+    """A capture stopped before its first sweep (the header alone) is refused with exit 2 and one
+    line, and leaves no empty store behind for the readers to call "no samples" (issue 24)."""
+    header = tmp_path / "node1.csv"
+    header.write_text(
+        "timestamp, index, uuid, utilization.gpu [%], memory.used [MiB], power.draw [W]\n\n"
+    )
+    store = tmp_path / "s.duckdb"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aiscope",
+            "import",
+            "nvidia-smi",
+            str(header),
+            "--store",
+            str(store),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("aiscope: ") and "no samples" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not store.exists() and not list(tmp_path.glob("s.duckdb*"))
+    # with a file that has samples beside it, the header-only one is just empty
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "aiscope", "import", "nvidia-smi", str(header),
+            str(CAPTURES / "units.csv"), "--store", str(store),
+        ],
+        capture_output=True, text=True, cwd=REPO, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert store.exists()

@@ -30,6 +30,7 @@ from tests.conftest import REPO, require_tool
 from tests.test_findings import build_store
 
 GOLDEN = REPO / "tests" / "golden"
+DEMO_CONFIG = REPO / "aiscope" / "demo-config.toml"
 UPDATE = bool(os.environ.get("AISCOPE_UPDATE_GOLDEN"))
 
 
@@ -212,7 +213,7 @@ def test_demo_writes_the_three_files(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=300,
+        timeout=600,
         check=False,
     )
     assert result.returncode == 0, result.stderr
@@ -227,6 +228,15 @@ def test_demo_writes_the_three_files(tmp_path: Path) -> None:
         r["kind"] for r in doc["recommendations"]
     }
     assert "ERROR" not in result.stderr  # the scenario's faults are in the report, not the log
+    # issue 24: a capacity outlook from the two weeks before, owners and money, and the config
+    # beside the store for the readers
+    assert [p["not_enough_data"] for p in doc["plan"]["pools"]] == [None] * len(
+        doc["plan"]["pools"]
+    )
+    assert "## Capacity outlook" in (out / "report.md").read_text()
+    assert doc["bill"]["cost"] and {o["owner"] for o in doc["owners"]} >= {"llm", "search"}
+    assert (out / "aiscope.toml").read_text() == DEMO_CONFIG.read_text()
+    assert not [r for r in doc["recommendations"] if "41006" in r.get("pool", "")]
 
 
 # --- What the charts and tables say, number by number -------------------------------------------
@@ -307,7 +317,7 @@ def _reservation(schedule: list[int], current: int, pool: str = f"pod {UID}", **
 def test_line_chart_ticks_are_nice_and_values_sit_on_them(doc: dict) -> None:
     """A service holding 4 GPUs is drawn exactly on the gridline labelled 4; the axis top is
     the smallest 1-2-5 tick at or above the maximum (the 6-GPU reservation), not 1.1 x it."""
-    rec = _reservation([6] * 7 + [4] * 5 + [6] * 12, current=4)
+    rec = _reservation([6] * 7 + [4] * 5 + [6] * 12, current=4, spare_gpus=0, gpus=6)
     page = render_html(_with(doc, recommendations=[rec], not_enough_data=[]))
     chart = _chart(page, "Demand and reservation")
     ticks = _texts(chart, "ytick")
@@ -321,6 +331,10 @@ def test_line_chart_ticks_are_nice_and_values_sit_on_them(doc: dict) -> None:
     assert {y for _, y in current} == {77.3}  # exactly the y of the tick labelled "4"
     reserved = _points(_polyline(chart, "#0072B2"))
     assert {y for _, y in reserved} == {30.0, 77.3}  # the schedule's 6 and 4
+    # with a node-failure spare the line is what is held in reserve: its top is the text's 7
+    spared = _reservation([6] * 7 + [4] * 5 + [6] * 12, current=4)
+    page = render_html(_with(doc, recommendations=[spared], not_enough_data=[]))
+    assert "the reservation schedule runs 5 to 7 GPUs (1 of them for a node failure)" in page
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from aiscope.cli.common import (
     check_config,
     check_directory_writable,
     check_stores,
+    config_beside,
     default_stores,
     progress,
     with_prometheus_options,
@@ -58,6 +59,7 @@ def analyze_command(
     if output_format not in ("json", "text"):
         raise BadInput(f"--format: expected json or text, got {output_format!r}")
     source = prometheus_options.source(store)
+    config = config if source is not None else config_beside(config, store)
     doc = analysis_document(store, since, wait, config, source)
     typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
 
@@ -101,6 +103,7 @@ def report_command(
     for target in out or []:
         check_out(target)  # before the analysis, which can take a while
         _check_out_writable(target)  # and before any file: not one written, one refused
+    config = config if source is not None else config_beside(config, store)
     doc = analysis_document(store, since, wait, config, source)
     if source is None:
         attach_plan(doc, store, wait, config)
@@ -211,6 +214,7 @@ def _job_document(
 
     allocated = _allocated(node, allocated_gpus)
     check_stores(store)
+    config = config_beside(config, store)
     check_config(config)
     try:
         with progress("analyzing") as update:

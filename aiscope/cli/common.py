@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 import os
 import sys
@@ -253,6 +254,31 @@ def check_stores(store: list[str] | None) -> None:
     """``--store ''`` (an unset variable in a script) meant the current directory's stores."""
     if any(not value.strip() for value in store or []):
         raise BadInput("--store: empty value (give a store file, a directory, a glob or a URL)")
+
+
+#: A reader's config when --config is not given: this file beside the store it reads.
+CONFIG_BESIDE_STORE = "aiscope.toml"
+
+
+def config_beside(config: Path | None, stores: list[str] | None) -> Path | None:
+    """``--config``, else the :data:`CONFIG_BESIDE_STORE` beside the stores read: inside a store
+    directory, or in the directory of a store file or glob (the first store that has one; an
+    object-store URL has none). ``aiscope demo`` writes its config there, so ``analyze``,
+    ``report``, ``job``, ``plan`` and ``notify`` on the demo's store find its owners, prices and
+    [notify] table again (issue 24)."""
+    if config is not None:
+        return config
+    from store.storefile import is_location_url  # noqa: PLC0415
+
+    for value in stores or default_stores():
+        if is_location_url(value):
+            continue
+        path = Path(value).expanduser()
+        found = (path if path.is_dir() else path.parent) / CONFIG_BESIDE_STORE
+        if found.is_file():
+            logging.getLogger(__name__).info("config: %s (beside the store)", found)
+            return found
+    return None
 
 
 def check_config(config: Path | None) -> None:

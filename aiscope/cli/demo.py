@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from aiscope.cli.common import (
+    CONFIG_BESIDE_STORE,
     STATE,
     check_config,
     progress,
@@ -90,7 +91,8 @@ def demo_command(
     """Simulate a week of a mixed 4-node, 32-GPU cluster on virtual hardware, analyze it, and
     write report.html, report.md and analysis.json.
 
-    Needs no GPU and no network. The store (demo.duckdb) stays in DIR for `aiscope analyze`.
+    Needs no GPU and no network. The store (demo.duckdb) stays in DIR for `aiscope analyze`,
+    with the config beside it (aiscope.toml), where the readers find it without --config.
     The week is priced per team with the bundled example config, or with --config.
 
     \b
@@ -100,6 +102,7 @@ def demo_command(
       aiscope demo --config my-prices.toml
     """
     import dataclasses  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
     import time  # noqa: PLC0415
 
     from analyzer.analysis import analyze  # noqa: PLC0415
@@ -128,12 +131,24 @@ def demo_command(
     for name in ("agent", "store"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     with progress("simulating a week of 32 GPUs") as update:
+        # The weeks before, sampled coarser: the history the capacity outlook forecasts from
+        # (issue 24: `plan` on the demo said "not enough data" for every pool).
+        for weeks in range(HISTORY_WEEKS, 0, -1):
+            past = dataclasses.replace(
+                scenario,
+                start_epoch=scenario.start_epoch - weeks * 7 * 86400.0,
+                interval_seconds=HISTORY_INTERVAL_SECONDS,
+            )
+            simulate(past, store)
         simulate(scenario, store, progress=update)
     with progress("analyzing") as update:
         doc = analyze([str(store)], "7d", thresholds=thresholds, accounting=accounting)
         update(1.0)
+    _attach_outlook(doc, store, thresholds)
     for name in ("report.html", "report.md", "analysis.json"):
         write(doc, out / name)
+    # Beside the store, where analyze, report, job, plan and notify look without --config.
+    shutil.copyfile(config, out / CONFIG_BESIDE_STORE)
     s = doc["summary"]
     typer.echo(
         f"{s['gpus']} GPUs, {s['hours'] / 24:.0f} days: useful {s['shares']['useful']:.0%}, "
@@ -148,6 +163,20 @@ def demo_command(
     _echo_costs(doc)
     echo_traces()
     typer.echo(f"open {(out / 'report.html').resolve()}  ({time.monotonic() - started:.0f} s)")
+
+
+def _attach_outlook(doc: dict[str, Any], store: Path, thresholds: Any) -> None:
+    """The capacity plan of the demo's three weeks, from the classes the analysis gave, for the
+    report's capacity outlook (as ``aiscope report`` attaches it)."""
+    from analyzer.plan import plan  # noqa: PLC0415
+    from report.outlook import has_outlook  # noqa: PLC0415
+
+    with progress("planning") as update:
+        classes = {g["uuid"]: g["class"] for g in doc["gpus"]}
+        result = plan([str(store)], thresholds=thresholds, classes=classes)
+        update(1.0)
+    if has_outlook(result):
+        doc["plan"] = result
 
 
 def echo_traces() -> None:
@@ -167,6 +196,9 @@ def echo_traces() -> None:
 
 
 DEMO_INTERVAL_SECONDS = 300.0
+#: Weeks simulated before the demo's week, every 30 minutes: the capacity outlook's history.
+HISTORY_WEEKS = 2
+HISTORY_INTERVAL_SECONDS = 1800.0
 
 
 DEMO_CONFIG = Path(__file__).parent.parent / "demo-config.toml"

@@ -52,10 +52,11 @@ def import_nvidia_smi(
       aiscope import nvidia-smi log.csv --store n1.duckdb --fields timestamp,uuid,utilization.gpu
     """
     from agent.store import Store  # noqa: PLC0415
-    from ingest.importer import import_files  # noqa: PLC0415
+    from ingest.importer import check_files, import_files  # noqa: PLC0415
 
     path = write_target(store, "import nvidia-smi")
     field_list = [f for f in fields.split(",") if f.strip()] if fields else None
+    check_files(list(files), field_list)  # before the store exists
     writer = Store(path)
     try:
         result = import_files(list(files), writer, node, field_list, utc_offset)

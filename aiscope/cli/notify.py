@@ -12,6 +12,7 @@ from aiscope.cli.common import (
     SinceOption,
     WaitOption,
     analysis_document,
+    config_beside,
     default_stores,
 )
 from store.errors import BadInput
@@ -64,6 +65,7 @@ def notify_command(
     from aiscope import notify  # noqa: PLC0415
     from analyzer.load import expand, holdings, inputs  # noqa: PLC0415
 
+    config = config_beside(config, store)
     cfg = notify.load_config(notify_config or config)
     stores = store or default_stores()
     doc = analysis_document(stores, since, wait, config)

@@ -15,6 +15,7 @@ from aiscope.cli.common import (
     WaitOption,
     check_config,
     check_stores,
+    config_beside,
     default_stores,
     progress,
     with_prometheus_options,
@@ -124,6 +125,7 @@ def _plan_document(
     if since is not None:
         parse_horizon(since, "--since")
     check_stores(store)
+    config = config if source is not None else config_beside(config, store)
     check_config(config)
     thresholds, site = from_file(config), site_from_file(config)
     if source is not None:

@@ -72,6 +72,37 @@ def register(cls: type[Any]) -> type[Any]:
     return cls
 
 
+#: The least window each kind of recommendation rests on (seconds with samples, counted in
+#: sample intervals); below it the kind reports "not enough data" instead of advising (issue 24:
+#: 30 s of a live agent gave "Run a training cluster with quotas" and "0 useful GPU-hours on
+#: 0 kWh"). A reservation needs a daily cycle seen more than twice; a split, a consolidation and
+#: the platform decision a quarter of a day of concurrency; power an hour of draw.
+MIN_EVIDENCE_SECONDS: dict[str, float] = {
+    "reservation": 3 * 86400.0,
+    "split": 6 * 3600.0,
+    "consolidate": 6 * 3600.0,
+    "power": 3600.0,
+    "platform": 6 * 3600.0,
+}
+
+
+def evidence_gap(kind: str, data: FleetData) -> NotEnoughData | None:
+    """``kind``'s "not enough data" when the window is shorter than its minimum evidence."""
+    need = MIN_EVIDENCE_SECONDS.get(kind, 0.0)
+    have = data.window_end - data.window_start + data.bucket_seconds
+    if have >= need:
+        return None
+    return NotEnoughData(
+        kind, f"{_span(have)} of data; a {kind} recommendation needs at least {_span(need)}"
+    )
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} days"
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
 def run_all(
     data: FleetData, verdicts: list[GpuVerdict], findings: tuple[Finding, ...]
 ) -> tuple[list[Recommendation], list[NotEnoughData]]:
@@ -90,7 +121,7 @@ def run_all(
     skipped: list[NotEnoughData] = []
     kinds = ("reservation", "split", "consolidate", "rightsize", "placement", "power", "platform")
     for kind in kinds:
-        result = REGISTRY[kind]().run(inputs)
+        result = evidence_gap(kind, data) or REGISTRY[kind]().run(inputs)
         if isinstance(result, NotEnoughData):
             skipped.append(result)
         else:

@@ -91,28 +91,50 @@ def demand_curve(
     return times, [per_time[t] / target_util for t in times]
 
 
+def last_held(data: FleetData, service: Service) -> float | None:
+    """The end of the service's last bucket with memory held on any of its GPUs (epoch
+    seconds); ``None`` when none held any."""
+    ends = [
+        b.start + data.bucket_seconds
+        for gpu in service.gpus
+        for b in data.buckets.get(gpu.uuid, ())
+        if (b.memory_bytes or 0.0) > 0.0
+    ]
+    return max(ends) if ends else None
+
+
+#: A model is resident once its GPU holds this share of the memory it holds at its median.
+RESIDENT_MEMORY_RATIO = 0.8
+
+
 def cold_start_seconds(data: FleetData, service: Service) -> float | None:
-    """From the first memory held to the first busy interval, on the GPU where the service
-    started inside the window (a memory ramp, then the first served load); ``None`` when it was
-    already running when the window began."""
+    """From the first memory held to the model resident (memory at
+    :data:`RESIDENT_MEMORY_RATIO` of its median), on a GPU whose load began inside the window;
+    ``None`` when every GPU already held its model when the window began. Traffic plays no part:
+    a model loaded before a quiet night is ready, not starting (issue 24: a pod loaded from its
+    first sample counted the night, 540 min, as its cold start)."""
     best: float | None = None
     for gpu in service.gpus:
         buckets = data.buckets.get(gpu.uuid, ())
         held = [b.memory_bytes for b in buckets if b.memory_bytes]
         if not held:
             continue
-        plateau = statistics.median(held)
-        first = buckets[0]
-        if (first.memory_bytes or 0.0) >= 0.5 * plateau and (first.util or 0.0) >= 0.1:
-            continue  # already loaded and serving when the window began
+        resident_bytes = RESIDENT_MEMORY_RATIO * statistics.median(held)
+        if (buckets[0].memory_bytes or 0.0) >= resident_bytes:
+            continue  # already loaded when the window began
         loaded = next((b.start for b in buckets if (b.memory_bytes or 0.0) > 0.0), None)
         if loaded is None:
             continue
-        served = next(
-            (b.start for b in buckets if b.start >= loaded and (b.util or 0.0) >= 0.1), None
+        resident = next(
+            (
+                b.start
+                for b in buckets
+                if b.start >= loaded and (b.memory_bytes or 0.0) >= resident_bytes
+            ),
+            None,
         )
-        if served is not None:
-            best = max(best or 0.0, served - loaded)
+        if resident is not None:
+            best = max(best or 0.0, resident - loaded)
     return best
 
 

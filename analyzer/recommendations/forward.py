@@ -30,6 +30,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from statistics import NormalDist
 
 from analyzer.forecast import theil_sen
@@ -204,6 +205,14 @@ def period_for(history_seconds: float) -> int:
     that, hour of day over all days (one week gives one sample hour per hour-of-week slot: on
     ServeGen's real demand that under-covers week 2 in 3% of minutes, pooled days in 0.3%)."""
     return WEEK if history_seconds >= FULL_WEEKS * WEEK else DAY
+
+
+def covered_seconds(times: Sequence[float]) -> float:
+    """The time ``times`` cover, counted in sample intervals: n samples a step apart cover n
+    steps (first-to-last is one interval short, so exactly three weeks of 5-minute samples
+    would read as 21 days less 5 minutes and miss the hour-of-week schedule; issue 24)."""
+    steps = [b - a for a, b in pairwise(times) if b > a]
+    return float(times[-1] - times[0] + statistics.median(steps)) if steps else 0.0
 
 
 def slot_of(t: float, period_seconds: int) -> int:

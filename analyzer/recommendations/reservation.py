@@ -12,14 +12,17 @@ Method:
    unless the growth is significant, rounded up to whole replicas (tensor-parallel width).
    :func:`fit` is the schedule before issue 18 (last week's recency-weighted p99 by hour, +10%),
    kept as the baseline it is compared with.
-3. ``gpus`` is the schedule's peak, plus N+1 on the largest failure domain: the service's GPUs on
-   its busiest node, so losing one node still leaves the peak covered.
+3. ``gpus`` is the schedule's peak, plus N+1 on the largest failure domain: the busiest node's
+   share of that peak (:func:`node_spare`), so losing one node still leaves the peak covered. A
+   service on one node gets none: losing its node loses the service, and spares on it would go
+   with it (issue 24: a one-node 8-GPU service had "+5 for a node failure").
 4. Validated by a forward replay: fitted on the history before its last week and scored on that
    week (with less than 10 days, the last third), which the fit never saw: share of intervals
    demand exceeded the schedule, reserved-but-idle GPU-hours, against last week's p99, reserving
    the observed peak and reserving the mean.
-5. Cold start: from the first memory to the first served load; when it is longer than the service
-   can wait, the N+1 spares must be kept warm (loaded), and the recommendation says so.
+5. Cold start: from the first memory to the model resident (memory at its plateau), on a GPU
+   where the load began inside the window; when it is longer than the service can wait, the
+   N+1 spares must be kept warm (loaded), and the recommendation says so.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from analyzer.recommendations.demand import (
     Service,
     cold_start_seconds,
     demand_curve,
+    last_held,
     mean,
     services,
 )
@@ -48,6 +52,7 @@ from analyzer.recommendations.forward import (
     Backtest,
     Forecast,
     backtest_headroom,
+    covered_seconds,
     forecast_upper,
     period_for,
 )
@@ -163,7 +168,7 @@ def fit_forward(
     history justifies (``settings.headroom_ratio`` when too short for one). Never above the
     window's peak unless the growth is significant (its 90% interval above zero)."""
     half_life = settings.recency_half_life_days * DAY
-    period = period_for(times[-1] - times[0])
+    period = period_for(covered_seconds(times))
     forecast = forecast_upper(times, demand, settings.quantile, period, horizon, half_life)
     backtest = backtest_headroom(
         times, demand, settings.quantile, half_life, settings.min_history_days
@@ -199,6 +204,17 @@ def flat(gpus: float, step: int = 1) -> Schedule:
 
 def _round_up(value: float, step: int) -> int:
     return max(step, math.ceil(value / step - 1e-9) * step)
+
+
+def node_spare(service: Service, peak: int) -> int:
+    """N+1 spares: what the service loses with its busiest node, that node's share of the
+    ``peak`` (GPUs), in whole replicas; 0 for a service on one node (a node failure is then an
+    outage, which no spare on that node prevents)."""
+    nodes = service.nodes
+    if len(nodes) < 2 or peak <= 0:
+        return 0
+    busiest = max(nodes.values())
+    return _round_up(min(busiest, peak * busiest / len(service.gpus)), service.tp)
 
 
 def replay(
@@ -375,7 +391,7 @@ class ReservationStrategy:
 
     def run(self, inputs: Inputs) -> list[Recommendation] | NotEnoughData:
         s = self.settings
-        if inputs.history_days < s.min_history_days:
+        if inputs.history_days + inputs.data.bucket_seconds / 86400 < s.min_history_days:
             return NotEnoughData(
                 self.kind,
                 f"{inputs.history_days:.1f} days of history; a reservation needs at least "
@@ -384,13 +400,22 @@ class ReservationStrategy:
         found = services(inputs.data, inputs.verdicts)
         if not found:
             return NotEnoughData(self.kind, "no GPU was classified as online inference")
+        # Nothing is reserved for work that ended before the window's last day (issue 24: the
+        # demo reserved 10 GPUs for a fine-tune that had ended three days before).
+        last_day = inputs.data.window_end - DAY
+        running = [v for v in found if (last_held(inputs.data, v) or 0.0) > last_day]
         out = []
-        for service in found:
+        for service in running:
             rec = self._service(inputs, service)
             if rec is not None:
                 out.append(rec)
         if not out:
-            return NotEnoughData(self.kind, f"fewer than {s.min_points} points for every service")
+            ended = len(found) - len(running)
+            return NotEnoughData(
+                self.kind,
+                f"fewer than {s.min_points} points for every running service"
+                + (f"; {ended} ended before the window's last day" if ended else ""),
+            )
         return out
 
     def _service(self, inputs: Inputs, service: Service) -> Recommendation | None:
@@ -404,7 +429,7 @@ class ReservationStrategy:
         k = window.fit_count
         fit_t, fit_d, test_t, test_d = times[:k], demand[:k], times[k:], demand[k:]
         validated = fit_forward(fit_t, fit_d, s, window.horizon, service.tp)
-        last_week = fit(fit_t, fit_d, s, period_for(fit_t[-1] - fit_t[0]), service.tp)
+        last_week = fit(fit_t, fit_d, s, period_for(covered_seconds(fit_t)), service.tp)
         peak = flat(max(fit_d), service.tp)
         average = flat(mean(fit_d), service.tp)
         scores = {
@@ -419,8 +444,7 @@ class ReservationStrategy:
         coming = (times[-1] + step, times[-1] + step + WEEK)
         forward = fit_forward(times, demand, s, coming, service.tp)
         final = forward.schedule
-        spare = max(service.nodes.values()) if s.n_plus_one else 0
-        spare = _round_up(min(spare, final.peak), service.tp) if spare else 0
+        spare = node_spare(service, final.peak) if s.n_plus_one else 0
         cold = cold_start_seconds(data, service)
         warm = cold is not None and cold > s.max_cold_start_seconds
         rec = self._recommendation(service, spare, scores, cold, warm, forward, window, inputs)
@@ -456,12 +480,18 @@ class ReservationStrategy:
             + f"); by {granularity} it needs {lo}-{hi}, so {schedule.peak - lo} can lend to "
             f"batch off-peak. It holds {current} today."
         )
-        if warm and cold is not None:
+        if warm and cold is not None and spare:
             summary += f" Its cold start is {cold / 60:.0f} min: keep the {spare} spares warm."
         minutes_week = 7 * 24 * 60
         evidence = (
             f"{service.name}: {current} GPUs on {len(service.nodes)} node(s)"
-            + (f", {service.tp} per replica (tensor parallel)" if service.tp > 1 else ""),
+            + (f", {service.tp} per replica (tensor parallel)" if service.tp > 1 else "")
+            + (
+                "; no node-failure spare: on one node a node failure stops the service, spread "
+                "it over two nodes to survive one"
+                if len(service.nodes) < 2 and s.n_plus_one
+                else ""
+            ),
             f"forward replay ({window.describe()}): demand exceeded the reservation in "
             f"{rec.under_ratio:.1%} of intervals, {rec.idle_gpu_hours:.0f} GPU-hours reserved "
             "but idle",
@@ -471,7 +501,7 @@ class ReservationStrategy:
             f"{peak.under_ratio:.1%} under, {peak.idle_gpu_hours:.0f} idle GPU-hours; "
             f"mean provisioning {average.under_ratio:.1%} under, {average.idle_gpu_hours:.0f} "
             "idle GPU-hours",
-            f"cold start (first memory to first served load): {_cold(cold, inputs)}",
+            f"cold start (first memory to the model resident): {_cold(cold, inputs)}",
             f"command: {service.command[:100]}" if service.command else "command: not seen",
         )
         confidence = 0.85 if inputs.history_days >= 7 else 0.7
@@ -501,7 +531,7 @@ class ReservationStrategy:
                 ("quantile", s.quantile),
                 ("current_gpus", current),
                 ("spare_gpus", spare),
-                ("warm_spares", warm),
+                ("warm_spares", warm and spare > 0),
                 ("cold_start_seconds", cold),
                 ("schedule", {"by": granularity, "gpus": list(schedule.gpus)}),
                 ("expected_under_provisioned_minutes_per_week", rec.under_ratio * minutes_week),
@@ -537,7 +567,7 @@ def _gpus(r: Replay) -> float:
 
 def _cold(cold: float | None, inputs: Inputs) -> str:
     if cold is None:
-        return "not seen in the window (it was already serving)"
+        return "not seen in the window (the model was already loaded)"
     interval = inputs.data.bucket_seconds / 60
     if cold < inputs.data.bucket_seconds:
         return f"under {interval:.0f} min (within one interval)"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from analyzer.classify import class_at, cycle
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, quantile, register
@@ -107,10 +107,15 @@ class SplitStrategy:
             ),
             0,
         )
+        # Never below what the training jobs still running at the window's end hold: a split
+        # that shrinks the pool under a running 16-GPU job would preempt it (issue 24).
+        running = classes[times[-1]]["training"]
+        training = max(training, min(running, fleet - reserved))
         flexible = fleet - reserved - training
         pools = {"inference-reserved": reserved, "training": training, "flexible": flexible}
         replay = self._replay(inputs, classes, times, pools, reservations)
-        return [self._recommendation(inputs, pools, replay, classes, times, reservations)]
+        rec = self._recommendation(inputs, pools, replay, classes, times, reservations)
+        return [_with_running(rec, running, pools)]
 
     def _replay(
         self,
@@ -222,6 +227,30 @@ class SplitStrategy:
         )
 
 
+def _with_running(rec: Recommendation, running: int, pools: dict[str, int]) -> Recommendation:
+    """The split's evidence on the training running at the window's end; when the reservations
+    leave the training pool less than those jobs hold, the summary says so."""
+    held = f"training jobs running at the window's end hold {running} GPUs"
+    if running <= pools["training"]:
+        line = f"{held}; the training pool ({pools['training']}) keeps them"
+        return replace(
+            rec,
+            evidence=(*rec.evidence, line),
+            details=(*rec.details, ("running_training_gpus", running)),
+        )
+    why = (
+        f" The training pool is {running - pools['training']} GPUs short of what running training "
+        f"holds ({running}): the inference reservations ({pools['inference-reserved']}) take the "
+        "rest; reserve less or grow the fleet before applying it."
+    )
+    return replace(
+        rec,
+        summary=rec.summary + why,
+        evidence=(*rec.evidence, held),
+        details=(*rec.details, ("running_training_gpus", running)),
+    )
+
+
 def _classes_over_time(inputs: Inputs) -> dict[float, Counter[str]]:
     out: dict[float, Counter[str]] = {}
     for v in inputs.verdicts:
@@ -245,8 +274,13 @@ def _inference_demand(inputs: Inputs) -> dict[float, float]:
 
 
 def _preemptible(inputs: Inputs) -> list[tuple[str, float]]:
-    """Training jobs (by tenant) whose checkpoint cycle shows in their power."""
-    out: dict[str, float] = {}
+    """Training jobs (by tenant) whose checkpoint cycle shows: the cadence its starved findings
+    measured (the one the notice and ``aiscope job`` quote), else its power's cycle."""
+    out: dict[str, float] = {
+        str(f.detail("job")): float(f.detail("checkpoint_minutes"))
+        for f in inputs.findings
+        if f.kind == "starved" and f.detail("checkpoint_minutes") is not None and f.detail("job")
+    }
     for v in inputs.verdicts:
         if v.gpu_class != "training":
             continue
