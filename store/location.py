@@ -30,6 +30,7 @@ included); on an object store, an object becomes visible only when its upload co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable
