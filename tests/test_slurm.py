@@ -320,36 +320,20 @@ def test_epilog_passes_shellcheck() -> None:
     assert result.returncode == 0, result.stdout
 
 
-# -- recorded answers: what this Slurm (22.05, no slurmdbd) cannot show ---------------------------
+# -- recorded answers: what this Slurm (22.05) cannot show ----------------------------------------
 
 
-def _answers(
-    table: dict[str, tuple[int, str]], calls: list[list[str]] | None = None
-) -> dict[str, object]:
+def _answers(table: dict[str, tuple[int, str]]) -> dict[str, object]:
     """``run`` and ``which`` for :func:`read_summary` answering from ``table`` (client name to
     (exit status, standard output)); a client not in the table is not installed."""
 
     def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-        if calls is not None:
-            calls.append(argv)
         code, out = table[Path(argv[0]).name]
         if code == 124:
             raise subprocess.TimeoutExpired(argv, 30.0)
         return subprocess.CompletedProcess(argv, code, out, "")
 
     return {"run": run, "which": lambda name: f"/usr/bin/{name}" if name in table else None}
-
-
-def test_a_job_slurmctld_forgot_is_read_from_accounting() -> None:
-    """slurmdbd keeps the job after slurmctld's MinJobAge: ``sacct -P``'s second field."""
-    doc = {"schema": "aiscope.job/1", "job": {"id": "777"}, "verdict": {"summary": "healthy"}}
-    unknown = (1, "")  # slurm_load_jobs error: Invalid job id specified
-    calls: list[list[str]] = []
-    table = {"scontrol": unknown, "squeue": unknown, "sacct": (0, f"777|{encode(doc)}\n")}
-    got = read_summary("777", **_answers(table, calls))  # type: ignore[arg-type]
-    assert got["verdict"] == {"summary": "healthy"}
-    assert got["source"] == {"slurm": "AdminComment", "read_with": "sacct"}
-    assert calls[-1][-4:] == ["--jobs", "777", "--format", "JobID,AdminComment"]
 
 
 def test_slurm_23_scontrol_json_is_read_by_field_and_by_job() -> None:
