@@ -1,6 +1,6 @@
 """Job summaries kept with the Slurm job: the epilog's ``AdminComment``, read back on a login node.
 
-The epilog (``deploy/slurm/aiscope-epilog.sh``) stores ``aiscope:`` + base64(gzip(JSON)) of
+The epilog (``deploy/slurm/aiscope-epilog.sh``) stores ``aiscope32:`` + base32(gzip(JSON)) of
 ``aiscope job ID --format json`` in the job's ``AdminComment``, as Princeton's jobstats stores its
 ``JS1:`` summaries there, so the summary outlives the node stores' retention and needs none of
 them. This module is the only caller of ``scontrol``, ``squeue`` and ``sacct``: slurmctld's record
@@ -30,7 +30,12 @@ from typing import Any
 
 from store.errors import BadInput, Failure
 
-PREFIX = "aiscope:"
+#: ``aiscope32:`` + base32(gzip(JSON)): what the epilog stores. Base32 because sacctmgr (Slurm
+#: 22.05, the way a comment is stored once the job has ended) lowercases the value it sets, which
+#: destroys base64 and not base32 (decoded case-insensitively).
+PREFIX = "aiscope32:"
+#: ``aiscope:`` + base64(gzip(JSON)): what earlier epilogs stored through scontrol; still read.
+PREFIX_BASE64 = "aiscope:"
 #: Seconds a Slurm client may take before we give up on it.
 CLIENT_TIMEOUT_SECONDS = 30.0
 _SLURM_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
@@ -48,21 +53,29 @@ def looks_like_slurm_id(job_id: str) -> bool:
 
 
 def encode(doc: dict[str, Any]) -> str:
-    """The ``AdminComment`` value for ``doc`` (what the epilog's gzip | base64 pipe writes)."""
+    """The ``AdminComment`` value for ``doc`` (what the epilog's ``gzip -9 -n | base32`` pipe
+    writes)."""
     raw = json.dumps(doc, separators=(",", ":")).encode()
-    return PREFIX + base64.b64encode(gzip.compress(raw, 9)).decode("ascii")
+    return PREFIX + base64.b32encode(gzip.compress(raw, 9, mtime=0)).decode("ascii")
+
+
+def _payload(token: str) -> bytes:
+    if token.lower().startswith(PREFIX):
+        return base64.b32decode(token[len(PREFIX) :], casefold=True)
+    return base64.b64decode(token[len(PREFIX_BASE64) :], validate=True)
 
 
 def decode(comment: str, job_id: str) -> dict[str, Any]:
     """The summary in an ``AdminComment``; :class:`BadInput` when it holds none or is damaged."""
-    token = next((t for t in comment.split() if t.startswith(PREFIX)), None)
+    prefixes = (PREFIX, PREFIX_BASE64)
+    token = next((t for t in comment.split() if t.lower().startswith(prefixes)), None)
     if token is None:
         raise BadInput(
             f"job {job_id}: its AdminComment holds no aiscope summary (the epilog did not run "
             "for it or failed: see the epilog's log, `journalctl -t aiscope-epilog`)"
         )
     try:
-        doc = json.loads(gzip.decompress(base64.b64decode(token[len(PREFIX) :], validate=True)))
+        doc = json.loads(gzip.decompress(_payload(token)))
     except (binascii.Error, OSError, EOFError, ValueError) as exc:
         raise BadInput(f"job {job_id}: its AdminComment summary is damaged ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != "aiscope.job/1":

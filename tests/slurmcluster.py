@@ -29,6 +29,9 @@ from pathlib import Path
 
 #: The daemons and clients a cluster needs (Debian: slurm-wlm, slurm-client, munge).
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel")
+#: What accounting adds (Debian: slurmdbd, mariadb-server): the database, slurmdbd, its clients.
+ACCOUNTING_TOOLS = ("mariadb-install-db", "mariadbd", "mariadb", "slurmdbd", "sacct", "sacctmgr")
+_DB_PASSWORD = "aiscope-test-db"
 _HOST = socket.gethostname().split(".")[0]
 
 
@@ -46,6 +49,10 @@ class SlurmCluster:
     epilog: Path | None = None
     node: str = _HOST
     pids: dict[str, Path] = field(default_factory=dict)
+    #: Run slurmdbd on a MariaDB in the folder, so ``sacct`` and ``sacctmgr`` work.
+    accounting: bool = False
+    ports: dict[str, int] = field(default_factory=dict)
+    children: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def conf(self) -> Path:
@@ -65,7 +72,10 @@ class SlurmCluster:
         for folder in ("etc", "munge", "state", "spool", "log", "run"):
             (self.root / folder).mkdir(parents=True, exist_ok=True)
         self._start_munge()
+        self.ports = {name: _free_port() for name in ("ctld", "slurmd", "dbd", "db")}
         self.conf.write_text(self._slurm_conf())
+        if self.accounting:
+            self._start_accounting(timeout_seconds)
         self._daemon("slurmctld", ["slurmctld", "-c", "-f", str(self.conf)])
         self._daemon("slurmd", ["slurmd", "-c", "-f", str(self.conf), "-N", self.node])
         self._wait_idle(timeout_seconds)
@@ -82,10 +92,13 @@ class SlurmCluster:
             )
             with contextlib.suppress(TimeoutError):
                 _wait_for(self._no_jobs, 10.0, "the cancelled jobs to end")
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in ("slurmd", "slurmctld", "slurmdbd", "mariadbd", "munged"):
             pid_file = self.pids.pop(name, None)
             if pid_file is not None:
                 _stop_pid(pid_file)
+        for child in self.children:  # reaped, not left a zombie
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=10)
 
     def _no_jobs(self) -> bool:
         listed = subprocess.run(
@@ -121,9 +134,83 @@ class SlurmCluster:
         self.pids["munged"] = pid_file
         _wait_for(self.munge_socket.exists, 10.0, "munged's socket")
 
-    def _daemon(self, name: str, argv: list[str]) -> None:
+    def _start_accounting(self, timeout_seconds: float) -> None:
+        """MariaDB on a loopback port with a ``slurm`` user, slurmdbd on it, and this cluster
+        registered (``sacctmgr add cluster``) before slurmctld starts."""
+        data, sock = self.root / "db" / "data", self.root / "db" / "mysql.sock"
+        data.parent.mkdir(exist_ok=True)
+        subprocess.run(
+            ["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+             "--auth-root-authentication-method=normal", "--skip-test-db"],
+            capture_output=True, timeout=120, check=True,
+        )  # fmt: skip
+        pid_file = self.root / "run" / "mariadbd.pid"
+        self.children.append(subprocess.Popen(
+            ["mariadbd", "--no-defaults", f"--datadir={data}", "--user=root",
+             "--bind-address=127.0.0.1", f"--port={self.ports['db']}", f"--socket={sock}",
+             f"--pid-file={pid_file}", f"--log-error={self.root / 'log' / 'mariadb.log'}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        ))  # fmt: skip
+        self.pids["mariadbd"] = pid_file
+        grant = (
+            f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{_DB_PASSWORD}'; "
+            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+        )
+
+        def granted() -> bool:
+            done = subprocess.run(
+                ["mariadb", "--no-defaults", "-S", str(sock), "-u", "root", "-e", grant],
+                capture_output=True, timeout=30, check=False,
+            )  # fmt: skip
+            return done.returncode == 0
+
+        _wait_for(granted, timeout_seconds, "mariadbd to take connections")
+        dbd_conf = self.root / "etc" / "slurmdbd.conf"
+        dbd_conf.write_text(self._slurmdbd_conf())
+        dbd_conf.chmod(0o600)
+        self._daemon("slurmdbd", ["slurmdbd"], {"SLURM_CONF": str(self.conf)})
+
+        def registered() -> bool:
+            done = self.run_client("sacctmgr", "-i", "add", "cluster", "aiscope-test")
+            return done.returncode == 0 or "already exists" in done.stdout + done.stderr
+
+        _wait_for(registered, timeout_seconds, "slurmdbd to register the cluster")
+
+    def _slurmdbd_conf(self) -> str:
+        return (
+            "\n".join(
+                [
+                    f"AuthInfo=socket={self.munge_socket}",
+                    "AuthType=auth/munge",
+                    f"DbdHost={self.node}",
+                    "DbdAddr=127.0.0.1",
+                    f"DbdPort={self.ports['dbd']}",
+                    "SlurmUser=root",
+                    f"LogFile={self.root / 'log' / 'slurmdbd.log'}",
+                    f"PidFile={self.root / 'run' / 'slurmdbd.pid'}",
+                    "StorageType=accounting_storage/mysql",
+                    "StorageHost=127.0.0.1",
+                    f"StoragePort={self.ports['db']}",
+                    "StorageUser=slurm",
+                    f"StoragePass={_DB_PASSWORD}",
+                    "StorageLoc=slurm_acct_db",
+                ]
+            )
+            + "\n"
+        )
+
+    def run_client(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        """A Slurm client of this cluster; its answer, whatever the exit status."""
+        return subprocess.run(
+            list(argv), env=self.env(), capture_output=True, text=True, timeout=30, check=False
+        )
+
+    def _daemon(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         # Both daemonize; each writes its pid file before it serves.
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, check=False,
+            env={**os.environ, **(env or {})},
+        )  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f"{name} did not start: {done.stderr.strip()} {self._log(name)}")
         self.pids[name] = self.root / "run" / f"{name}.pid"
@@ -148,8 +235,8 @@ class SlurmCluster:
         lines = [
             "ClusterName=aiscope-test",
             f"SlurmctldHost={self.node}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={self.ports['ctld']}",
+            f"SlurmdPort={self.ports['slurmd']}",
             "SlurmUser=root",
             "SlurmdUser=root",
             f"AuthInfo=socket={self.munge_socket}",
@@ -165,8 +252,19 @@ class SlurmCluster:
             "SlurmdDebug=info",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *([] if self.accounting else ["JobAcctGatherType=jobacct_gather/none"]),
+            *(
+                [
+                    "AccountingStorageType=accounting_storage/slurmdbd",
+                    "AccountingStorageHost=127.0.0.1",
+                    f"AccountingStoragePort={self.ports['dbd']}",
+                    # the munge socket the clients' connections to slurmdbd use
+                    f"AccountingStoragePass={self.munge_socket}",
+                    "JobAcctGatherType=jobacct_gather/linux",
+                ]
+                if self.accounting
+                else ["AccountingStorageType=accounting_storage/none"]
+            ),
             "JobCompType=jobcomp/none",
             "SchedulerType=sched/builtin",
             "SelectType=select/cons_tres",
@@ -267,8 +365,10 @@ def missing_tools() -> list[str]:
 
 
 @contextlib.contextmanager
-def running(root: Path, epilog: Path | None = None) -> Iterator[SlurmCluster]:
-    cluster = SlurmCluster(root, epilog)
+def running(
+    root: Path, epilog: Path | None = None, accounting: bool = False
+) -> Iterator[SlurmCluster]:
+    cluster = SlurmCluster(root, epilog, accounting=accounting)
     try:
         cluster.start()
         yield cluster

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -142,8 +144,13 @@ def test_cli_text_json_and_unknown_job(demo_two_day_store: Path) -> None:
 def test_admin_comment_round_trip(summaries: dict[str, dict[str, Any]]) -> None:
     doc = summaries["41000"]
     comment = encode(doc)
-    assert comment.startswith("aiscope:") and len(comment) < 16000
+    assert comment.startswith("aiscope32:") and len(comment) < 16000
     assert decode(f"other notes {comment}", "41000") == doc
+    # sacctmgr (Slurm 22.05) lowercases what it stores: base32 survives it
+    assert decode(comment.lower(), "41000") == doc
+    # what earlier epilogs stored, base64 through scontrol, still reads
+    legacy = "aiscope:" + base64.b64encode(gzip.compress(json.dumps(doc).encode())).decode()
+    assert decode(legacy, "41000") == doc
 
 
 def _holding(tenant: str, **ids: Any) -> Holding:

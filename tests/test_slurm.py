@@ -1,22 +1,22 @@
 """The Slurm epilog and the login-node read-back, on a real one-node Slurm the suite starts.
 
-``slurmcluster`` starts munged, slurmctld and slurmd (Debian's ``slurm-wlm``, 22.05 on Debian 12)
-in a temporary folder. Jobs submitted with ``sbatch`` run a small GPU-less workload that a virtual
-GPU lists as its process; the agent's sampler attributes it through the real ``/proc`` (the job's
-real ``SLURM_JOB_ID``), the real ``Epilog=`` runs ``deploy/slurm/aiscope-epilog.sh``, which stores
-the summary in the job's ``AdminComment``, and ``aiscope job ID --slurm`` reads it back through the
-real clients. The cluster has no slurmdbd, so ``sacct`` answers that accounting is disabled and
-the summary is read from slurmctld's record (``squeue --json``; ``scontrol show job --json`` from
-Slurm 23.02).
+``slurmcluster`` starts munged, slurmctld, slurmd and, where installed (CI installs it), slurmdbd
+on a MariaDB (Debian 12's ``slurm-wlm`` 22.05) in a temporary folder. Jobs submitted with
+``sbatch`` run a small GPU-less workload that a virtual GPU lists as its process; the agent's
+sampler attributes it through the real ``/proc`` (the job's real ``SLURM_JOB_ID``), the real
+``Epilog=`` runs ``deploy/slurm/aiscope-epilog.sh`` at job end, and ``aiscope job ID --slurm``
+reads the summary back through the real clients: slurmctld's record (``squeue --json``; ``scontrol
+show job --json`` from Slurm 23.02) and ``sacct``.
 
-Recorded answers stand in for the real clients only where this Slurm cannot show them: ``sacct``
-with an accounting database, Slurm 23.02's ``scontrol --json`` record shape, a client that hangs.
+Recorded answers stand in for the real clients only where this Slurm cannot show them: Slurm
+23.02's ``scontrol --json`` record shape, an array task's record, a client that hangs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, FakeClock, library, make_gpu, query, require_tool, run_aiscope
-from slurmcluster import TOOLS, SlurmCluster
+from slurmcluster import ACCOUNTING_TOOLS, TOOLS, SlurmCluster
 
 from agent.attribution import ProcReader
 from agent.host import HostReader
@@ -67,6 +67,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         require_tool(tool)
     if os.geteuid() != 0:
         pytest.skip("slurmd runs jobs as their users and only root may set AdminComment: as root")
+    # slurmdbd on MariaDB where installed (CI installs both): sacct and sacctmgr then work.
+    accounting = all(shutil.which(tool) for tool in ACCOUNTING_TOOLS)
+    if not accounting and os.environ.get("AISCOPE_REQUIRE_TOOLS"):
+        pytest.fail(f"CI needs {', '.join(ACCOUNTING_TOOLS)} (slurmdbd, mariadb-server)")
     root = tmp_path_factory.mktemp("slurm")
     bin_dir = _shims(root)
     epilog = _tool(
@@ -75,7 +79,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         f'#!/bin/sh\nexport PATH="{bin_dir}:$PATH" AISCOPE="{bin_dir / "aiscope"}"\n'
         f"[ -r {root / 'epilog.env'} ] && . {root / 'epilog.env'}\nexec bash {EPILOG}\n",
     )
-    found = SlurmCluster(root / "cluster", epilog)
+    found = SlurmCluster(root / "cluster", epilog, accounting=accounting)
     try:
         found.start()
         yield found
@@ -139,11 +143,11 @@ def _record_the_job(store_path: Path, pid: int) -> None:
         store.close()
 
 
-def _wait_epilog(cluster: SlurmCluster, job: str, says: str) -> dict[str, object]:
-    """The job's record once its epilog has logged ``says`` and ended (the job has left
-    COMPLETING)."""
+def _wait_epilog(cluster: SlurmCluster, job: str, says: str, since: int = 0) -> dict[str, object]:
+    """The job's record once its epilog has logged ``says`` (after the log's first ``since``
+    characters) and ended (the job has left COMPLETING)."""
     deadline = time.monotonic() + 90
-    while f"job {job}: {says}" not in _syslog(cluster):
+    while f"job {job}: {says}" not in _syslog(cluster)[since:]:
         assert time.monotonic() < deadline, f"job {job}: {cluster.job(job)}, {_syslog(cluster)}"
         time.sleep(0.2)
     cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
@@ -179,14 +183,17 @@ def test_the_real_epilog_stores_the_summary_and_a_forged_job_name_cannot_replace
     )
     assert ran.returncode == 0 and f"job {job}: stored a" in _syslog(cluster), _syslog(cluster)
     # At the job's end the real Epilog= runs it again. slurmctld refuses any update of a job
-    # that has finished, COMPLETING included ("Job has already finished"), and sacctmgr needs
-    # slurmdbd, which this cluster has not: the epilog logs it, exits 0 and the node stays up.
+    # that has finished, COMPLETING included ("Job has already finished"); sacctmgr stores it in
+    # slurmdbd where the cluster has one, and is refused where it has not. Either way the epilog
+    # exits 0 and the node stays up.
+    mark = len(_syslog(cluster))
     go.touch()
-    record = _wait_epilog(cluster, job, "could not store the summary")
-    assert "scontrol: Job has already finished" in _syslog(cluster)
+    says = "stored a" if cluster.accounting else "could not store the summary"
+    record = _wait_epilog(cluster, job, says, since=mark)
+    assert "Job has already finished" in _syslog(cluster)[mark:]
     assert record["job_state"] == "COMPLETED"
-    comment = str(record["admin_comment"])
-    assert comment.startswith("aiscope:H4sI")  # gzip's magic, base64-encoded
+    comment = str(record["admin_comment"])  # slurmctld's record: what scontrol stored
+    assert comment.startswith("aiscope32:D6FQ")  # gzip's magic, base32-encoded
     assert record["name"] == f"x AdminComment={forged}"
     line = cluster.scontrol("show", "job", "--oneliner", job).stdout
     assert line.index(f"AdminComment={forged}") < line.index(f"AdminComment={comment}")
@@ -234,16 +241,35 @@ def test_a_damaged_comment_is_bad_input_and_sacct_says_accounting_is_off(
     _wait_epilog(cluster, job, "no summary (exit 2)")
     out = run_aiscope("job", job, "--slurm", env=cluster.env())
     assert out.returncode == 2 and "damaged" in out.stderr
-    # without slurmdbd the accounting client has nothing to read: slurmctld's record is all
-    sacct = subprocess.run(
-        ["sacct", "-P", "-n", "--jobs", job, "--format", "JobID,AdminComment"],
-        env=cluster.env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert sacct.returncode != 0 or not sacct.stdout.strip(), sacct.stdout
+    if not cluster.accounting:  # without slurmdbd: slurmctld's record is all there is
+        sacct = cluster.run_client("sacct", "-P", "-n", "--jobs", job, "-o", "JobID,AdminComment")
+        assert sacct.returncode != 0 and "accounting storage is disabled" in sacct.stderr
+
+
+def test_with_slurmdbd_the_job_end_epilog_stores_it_and_sacct_reads_it_back(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The production path: the real Epilog= at job end, sacctmgr into slurmdbd (which
+    lowercases what it sets), and sacct read back once slurmctld has nothing."""
+    if not cluster.accounting:
+        pytest.skip("slurmdbd and mariadb-server are not installed")
+    store = tmp_path / "node.duckdb"
+    _epilog_settings(cluster, store)
+    job, pid, go = _submit_waiting(cluster, "train")
+    _record_the_job(store, pid)
+    mark = len(_syslog(cluster))
+    go.touch()
+    record = _wait_epilog(cluster, job, "stored a", since=mark)
+    assert "(sacctmgr; scontrol said: Job has already finished" in _syslog(cluster)[mark:]
+    assert not record.get("admin_comment")  # slurmctld's record has none: it refused
+    sacct = cluster.run_client("sacct", "-P", "-n", "--jobs", job, "-o", "JobID,AdminComment")
+    stored = sacct.stdout.splitlines()[0].partition("|")[2]
+    assert stored.startswith("aiscope32:d6fq")  # lowercased by sacctmgr: base32 survives it
+    shown = run_aiscope("job", job, "--slurm", "--format", "json", env=cluster.env())
+    assert shown.returncode == 0, shown.stderr
+    read = json.loads(shown.stdout)
+    assert read.pop("source") == {"slurm": "AdminComment", "read_with": "sacct"}
+    assert read == job_summary([str(store)], job, ended=True)
 
 
 # -- the epilog's own paths, run as slurmd runs it, with the real scontrol ------------------------
@@ -294,36 +320,20 @@ def test_epilog_passes_shellcheck() -> None:
     assert result.returncode == 0, result.stdout
 
 
-# -- recorded answers: what this Slurm (22.05, no slurmdbd) cannot show ---------------------------
+# -- recorded answers: what this Slurm (22.05) cannot show ----------------------------------------
 
 
-def _answers(
-    table: dict[str, tuple[int, str]], calls: list[list[str]] | None = None
-) -> dict[str, object]:
+def _answers(table: dict[str, tuple[int, str]]) -> dict[str, object]:
     """``run`` and ``which`` for :func:`read_summary` answering from ``table`` (client name to
     (exit status, standard output)); a client not in the table is not installed."""
 
     def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-        if calls is not None:
-            calls.append(argv)
         code, out = table[Path(argv[0]).name]
         if code == 124:
             raise subprocess.TimeoutExpired(argv, 30.0)
         return subprocess.CompletedProcess(argv, code, out, "")
 
     return {"run": run, "which": lambda name: f"/usr/bin/{name}" if name in table else None}
-
-
-def test_a_job_slurmctld_forgot_is_read_from_accounting() -> None:
-    """slurmdbd keeps the job after slurmctld's MinJobAge: ``sacct -P``'s second field."""
-    doc = {"schema": "aiscope.job/1", "job": {"id": "777"}, "verdict": {"summary": "healthy"}}
-    unknown = (1, "")  # slurm_load_jobs error: Invalid job id specified
-    calls: list[list[str]] = []
-    table = {"scontrol": unknown, "squeue": unknown, "sacct": (0, f"777|{encode(doc)}\n")}
-    got = read_summary("777", **_answers(table, calls))  # type: ignore[arg-type]
-    assert got["verdict"] == {"summary": "healthy"}
-    assert got["source"] == {"slurm": "AdminComment", "read_with": "sacct"}
-    assert calls[-1][-4:] == ["--jobs", "777", "--format", "JobID,AdminComment"]
 
 
 def test_slurm_23_scontrol_json_is_read_by_field_and_by_job() -> None:

@@ -8,7 +8,7 @@
 #   or slurmctld epilog, reading a fleet location every node publishes to:
 #     EpilogSlurmctld=/etc/slurm/aiscope-epilog.sh   (with AISCOPE_STORE=/shared/aiscope-fleet)
 #
-# It stores `aiscope:` + base64(gzip(JSON of `aiscope job ID --format json`)) with
+# It stores `aiscope32:` + base32(gzip(JSON of `aiscope job ID --format json`)) with
 # `scontrol update job=ID AdminComment=...`, else sacctmgr. slurmctld refuses updates of a job that
 # has finished ("Job has already finished"), which it has when an epilog runs, so at job end it is
 # sacctmgr (slurmdbd) that stores the comment, as jobstats' EpilogSlurmctld does. It never fails the job or drains the node: every path exits 0, and what happened
@@ -73,7 +73,8 @@ if [ "$status" -ne 0 ]; then
     exit 0
 fi
 
-comment="aiscope:$(printf '%s' "$summary" | gzip -9 -n | base64 -w 0)"
+# base32, not base64: sacctmgr lowercases what it sets (Slurm 22.05), and base32 survives that.
+comment="aiscope32:$(printf '%s' "$summary" | gzip -9 -n | base32 -w 0)"
 if [ "${#comment}" -gt "$MAX_CHARS" ]; then
     log "summary of ${#comment} characters exceeds AISCOPE_EPILOG_MAX_CHARS=$MAX_CHARS; not stored"
     exit 0
