@@ -625,7 +625,8 @@ class PodInfoCollector(Collector):
         yield info
         errors = CounterMetricFamily(
             "aiscope_kubernetes_api_failures",
-            "Pod-name lookups that failed (attribution then uses pod UIDs).",
+            "Kubernetes API lookups that failed: pod names (attribution then uses pod UIDs) "
+            "and pod owners (then named by the controllers' name rules).",
             labels=["node"],
         )
         errors.add_metric([self._node], failures)

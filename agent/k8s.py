@@ -201,7 +201,12 @@ class PodDirectory:
                 self._owners[key] = _controller(self._get(_object_path(pod.namespace, owner)))
             except PodDirectoryError as exc:
                 self._unresolvable.add(key)
-                log.info("owner %s/%s not readable, naming it by rule: %s", *key[1:], exc)
+                with self._lock:
+                    self._failures += 1  # exported with the pod lookups' failures
+                if len(self._unresolvable) == 1:  # logged once: RBAC is per cluster, not owner
+                    log.warning(
+                        "owners not readable, naming them by rule (%s/%s: %s)", *key[1:], exc
+                    )
         if key in self._owners:
             return self._owners[key]
         return _owner_by_rule(pod, owner)

@@ -249,3 +249,15 @@ def test_the_most_specific_declaration_speaks() -> None:
     assert declared.choose((deployment, jupyter)) == jupyter  # a signature beats a controller
     assert declared.choose((jupyter, NOTEBOOK)) == NOTEBOOK
     assert declared.choose(()) is None
+
+
+def test_published_segments_carry_the_declarations(store: Path, doc: dict, tmp_path: Path) -> None:
+    """The fleet reader sees what a node store declares once it is published as segments."""
+    fleet = tmp_path / "fleet"
+    result = run_aiscope("publish", "--store", str(store), "--to", str(fleet))
+    assert result.returncode == 0, result.stderr
+    assert list(fleet.glob("table=declarations/day=*/node=n1/*.parquet"))
+    through = json.loads(run_aiscope("analyze", "--store", str(fleet), "--format", "json").stdout)
+    assert [g["declared"] for g in through["gpus"]] == [g["declared"] for g in doc["gpus"]]
+    kinds = sorted(f["kind"] for f in through["findings"])
+    assert kinds == sorted(f["kind"] for f in doc["findings"])

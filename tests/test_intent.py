@@ -110,6 +110,8 @@ def test_every_owner_kind_and_bare_pods(api: str, forbid_owners: bool) -> None:
     _ApiServer.forbid_owners = forbid_owners
     pods = PodDirectory(NODE, api, clock=lambda: 500.0)
     assert len(pods.refresh()) == 16
+    # Each refused owner is counted with the API failures (exported), none when answered.
+    assert pods.snapshot()[1] == (12 if forbid_owners else 0)
     got = _declared(pods)
     assert {k: (d.kind, d.name, d.implies) for k, d in got.items()} == EXPECTED
     assert "debug-gpu" not in got  # a bare pod with nothing allow-listed declares nothing
