@@ -4,9 +4,12 @@ driver binding raises something unexpected (not an NVML error) while the others 
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.attribution import ProcReader
@@ -18,7 +21,8 @@ from agent.store import Store
 from sim.profiles import mig_layout
 from sim.synthetic import synthetic_library
 from sim.vnvml import partition, pci_bus_id
-from tests.conftest import FIXTURES, FakeClock, library, make_gpu
+from tests.conftest import FIXTURES, REPO, FakeClock, library, make_gpu
+from tests.test_cli import _free_port, _metrics, _wait_for
 
 NODE = "gpu-node-01"
 
@@ -148,3 +152,29 @@ def test_a_gpu_raising_an_unexpected_error_while_sampled_is_marked_lost(
     assert len([r for r in caplog.records if "binding broke" in r.getMessage()]) == 1
     sampler.stop()
     assert _query(store, "SELECT kind FROM agent_events") == [("gpu_lost",)]
+
+
+@pytest.mark.slow
+def test_the_agent_runs_64_virtual_gpus(tmp_path) -> None:
+    """``aiscope agent run --virtual-gpus 64`` crashed at start (a 17-byte PCI bus id)."""
+    port = _free_port()
+    args = ["agent", "run", "--virtual-gpus", "64", "--listen", f"127.0.0.1:{port}"]
+    args += ["--store", str(tmp_path / "s.duckdb"), "--duration", "8"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aiscope", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        text = _wait_for(
+            lambda: (m := _metrics(port)) and "aiscope_gpu_info{" in m and m,
+            what="/metrics with the GPUs",
+            timeout=60,
+        )
+    finally:
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert len([s for s in _metric(text, "aiscope_gpu_up") if s.value == 1.0]) == 64
+    assert "Traceback" not in err
