@@ -184,6 +184,13 @@ def test_busy_gpus_and_unknown_servers_get_no_slice() -> None:
     assert isinstance(result, NotEnoughData)
 
 
+def test_the_ranks_of_a_multi_gpu_job_stay_whole() -> None:
+    ranks = [(_gpu("n1", i), "training", _buckets(0.05, 10.0), "torchrun ddp") for i in range(2)]
+    alone = (_gpu("n1", 2), "training", _buckets(0.05, 10.0), "python solo.py")
+    rec = _one(RightsizeStrategy().run(_inputs([*ranks, alone])))
+    assert rec.detail("gpu") == "n1/2"
+
+
 def test_a_preallocating_server_is_sized_by_its_weights_and_kv_cache() -> None:
     server = (
         _gpu("n1", 1),

@@ -9,6 +9,8 @@ H200), over the buckets where its own class held it:
   ~0.9 of the device) shows memory that is not its need: its weights (from the parameter count
   in the model's name) plus ``kv_cache_ratio`` of them for KV cache at the observed peak load;
   unknown weights mean no recommendation (never a guess);
+* one workload on one GPU: the ranks of a multi-GPU job cannot move onto slices one by one
+  (MIG instances have no peer-to-peer path);
 * **speed** is the MIG speed model (:mod:`analyzer.migspeed`, fitted on measured step times):
   the slowdown predicted from the GPU's utilization on the whole device. Throughput work
   (training, batch) is judged at its mean utilization; latency work (serving, notebooks) at its
@@ -73,10 +75,12 @@ class RightsizeStrategy:
         self.model = migspeed.load()
 
     def run(self, inputs: Inputs) -> list[Recommendation] | NotEnoughData:
+        spread = _multi_gpu_tenants(inputs)
         fits = [
             f
             for v in inputs.verdicts
             if v.gpu_class in THROUGHPUT_CLASSES + LATENCY_CLASSES and v.info.parent_uuid is None
+            if _main_tenant(inputs, v) not in spread
             if (f := self._fit(inputs, v)) is not None
         ]
         if not fits:
@@ -200,6 +204,24 @@ def _bandwidth_share(profile: dict[str, Any], full_gb: float) -> float:
     """A profile's share of memory bandwidth: its memory slices of 8."""
     eighths = max(1, round(float(profile["memory_gb"]) / (full_gb / migspeed.MEMORY_SLICES)))
     return eighths / migspeed.MEMORY_SLICES
+
+
+def _multi_gpu_tenants(inputs: Inputs) -> set[str]:
+    """Workloads on more than one GPU (data- or tensor-parallel ranks): MIG instances have no
+    peer-to-peer path between them (PCIe or NVLink; NVIDIA's MIG user guide), so their ranks
+    cannot move onto slices one by one."""
+    gpus: dict[str, set[str]] = {}
+    for uuid, tbs in inputs.data.tenancy.items():
+        for tb in tbs:
+            gpus.setdefault(tb.tenant, set()).add(uuid)
+    return {t for t, held in gpus.items() if len(held) > 1}
+
+
+def _main_tenant(inputs: Inputs, v: GpuVerdict) -> str | None:
+    counts: dict[str, int] = {}
+    for tb in inputs.data.tenancy.get(v.info.uuid, ()):
+        counts[tb.tenant] = counts.get(tb.tenant, 0) + 1
+    return max(counts, key=lambda t: (counts[t], t)) if counts else None
 
 
 def _command(inputs: Inputs, v: GpuVerdict) -> str:
