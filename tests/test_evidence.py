@@ -174,3 +174,24 @@ def test_a_minute_of_data_gets_no_advice_only_what_it_lacks(tmp_path: Any) -> No
     assert set(reasons) == set(MIN_EVIDENCE_SECONDS)
     assert "a power recommendation needs at least 1.0 h" in reasons["power"]
     assert "a platform recommendation needs at least 6.0 h" in reasons["platform"]
+
+
+def test_a_service_the_analysis_resizes_is_not_healthy_in_aiscope_job() -> None:
+    """``aiscope job`` on a replica of a Deployment carries the reservation the report makes for
+    its service, and its verdict is that reservation, not "healthy" (issue 24)."""
+    from analyzer.job import _reserved, job_recommendations
+
+    rec = {
+        "kind": "reservation",
+        "pool": "pod chat-prod/chat-api",
+        "gpus": 8,
+        "current_gpus": 4,
+        "summary": "Reserve 8 GPUs for pod chat-prod/chat-api (...). It holds 4 today.",
+    }
+    doc = {"recommendations": [rec, {"kind": "power", "summary": "Cap ..."}]}
+    advice = job_recommendations(doc, "pod chat-prod/chat-api-7d9f8c6b5-x2k4q")
+    assert advice == [rec]
+    healthy = {"action": "none", "summary": "healthy: nothing found worth changing", "gpu_hours": 0}
+    assert _reserved(healthy, advice)["summary"] == rec["summary"]
+    assert _reserved(healthy, [{**rec, "gpus": 4}]) == healthy  # nothing to change: healthy
+    assert job_recommendations(doc, "pod other/api-7d9f8c6b5-x2k4q") == []

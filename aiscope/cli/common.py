@@ -271,8 +271,8 @@ def config_beside(config: Path | None, stores: list[str] | None) -> Path | None:
     from store.storefile import is_location_url  # noqa: PLC0415
 
     for value in stores or default_stores():
-        if is_location_url(value):
-            continue
+        if not value.strip() or is_location_url(value):
+            continue  # an empty --store is refused by check_stores, a URL has no directory
         path = Path(value).expanduser()
         found = (path if path.is_dir() else path.parent) / CONFIG_BESIDE_STORE
         if found.is_file():

@@ -93,7 +93,7 @@ def evidence_gap(kind: str, data: FleetData) -> NotEnoughData | None:
     if have >= need:
         return None
     return NotEnoughData(
-        kind, f"{_span(have)} of data; a {kind} recommendation needs at least {_span(need)}"
+        kind, f"{_span(have)} of history; a {kind} recommendation needs at least {_span(need)}"
     )
 
 
