@@ -99,6 +99,8 @@ def _gpu(v: GpuVerdict, waiting: Finding | None) -> dict[str, Any]:
         "class": v.gpu_class,
         "confidence": v.confidence,
         "evidence": list(v.evidence),
+        # The evidence combination whose measured accuracy is the confidence (issue #23).
+        "basis": v.basis,
         # Measured for training and batch GPUs, below the finding thresholds too; else null.
         "starved_gpu_hours": round(waiting.gpu_hours_lost, 2) if waiting else None,
         "waiting_ratio": round(waiting.detail("waiting_ratio"), 3) if waiting else None,
