@@ -162,6 +162,8 @@ class Features:
     memory_cv: float | None = None
     memory_util_r: float | None = None
     power_ratio: float | None = None  # median power / limit
+    #: Median power as a share of the dynamic range (idle to limit).
+    power_load: float | None = None
     #: Share of busy intervals (utilization high) at low power: ranks waiting in collectives.
     busy_low_power: float | None = None
     nvlink_gbps: float | None = None
@@ -416,7 +418,10 @@ def _power(b: list[Bucket], ref: PowerRef, th: Thresholds) -> dict[str, Any]:
     if not power or not ref.limit_watts:
         return {}
     limit = ref.limit_watts
-    out: dict[str, Any] = {"power_ratio": statistics.median(power) / limit}
+    out: dict[str, Any] = {
+        "power_ratio": statistics.median(power) / limit,
+        "power_load": ref.load(statistics.median(power)),
+    }
     pairs = [
         (x.util, x.power_watts / limit)
         for x in b
@@ -747,6 +752,7 @@ def _decode_bound(f: Features, th: Thresholds) -> bool:
         and _saturated(f, th)
         and f.power_ratio is not None
         and f.power_ratio <= th.decode_power_max_ratio
+        and (f.power_load or 0.0) >= th.decode_min_power_load_ratio
         and (_reserved(f, th) or (f.memory_cv or 0.0) >= th.kv_cache_min_cv)
     )
 

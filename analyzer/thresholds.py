@@ -156,6 +156,10 @@ class Thresholds:
     #: computation), while training's matmuls hold power near the limit (POLCA, ASPLOS'24; MLPerf
     #: H100 training draws 600-700 W of 700 W).
     decode_power_max_ratio: float = 0.5
+    #: ... and at least this share of the dynamic range above idle: decode streams HBM (137 W on
+    #: that H200, idle ~76 W: 10% of its range), while a GPU waiting with a kernel resident (a
+    #: synchronous checkpoint stall, ranks spinning in a collective) draws idle power.
+    decode_min_power_load_ratio: float = 0.08
     #: Short windows are honest: under this span no daily structure shows, and a choice between
     #: inference and interactive not decided by replicas has confidence at most
     #: ``short_window_max_confidence_ratio``.

@@ -34,6 +34,11 @@ def rows_for(seed: int, work: Path, only: Sequence[str] | None = None) -> list[d
     confidence and basis."""
     cases = evalset.generate(work / f"captures-{seed}", seed, only=only)
     docs = evalset.run(cases, work / f"stores-{seed}")
+    return rows_of(cases, docs, seed)
+
+
+def rows_of(cases: Sequence[evalset.Case], docs: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+    """The rows of analyzed cases (see :func:`rows_for`)."""
     rows = []
     for case in cases:
         out = (docs.get(case.name) or {}).get("gpus", [])
