@@ -110,6 +110,8 @@ def _gpu(
         "evidence": list(v.evidence),
         # What the GPU's main workload declares itself to be (analyzer.declared), or null.
         "declared": declared.to_json(intent),
+        # The evidence combination whose measured accuracy is the confidence (issue #23).
+        "basis": v.basis,
         # Measured for training and batch GPUs, below the finding thresholds too; else null.
         "starved_gpu_hours": round(waiting.gpu_hours_lost, 2) if waiting else None,
         "waiting_ratio": round(waiting.detail("waiting_ratio"), 3) if waiting else None,

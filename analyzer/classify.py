@@ -36,6 +36,7 @@ process names are a hint with a weight, never the basis.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 import operator
@@ -44,7 +45,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from analyzer import mig
+from analyzer import calibration, mig
 from analyzer.load import Bucket, FleetData, GpuInfo
 from analyzer.reference import PowerRef, computed, held, references
 from analyzer.thresholds import Thresholds
@@ -92,6 +93,10 @@ class Segment:
     gpu_class: str
     confidence: float
     evidence: tuple[str, ...]
+    #: The evidence that decided the class (the rule that gave it the most points, or
+    #: ``replica_group``, ``lockstep``, ``hint``) and the span's length: the combination the
+    #: calibration table measured (:func:`calibration_key`).
+    basis: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +109,8 @@ class GpuVerdict:
     #: The physical references the GPU was judged against (the detectors measure against the
     #: same ones, not a second computation).
     ref: PowerRef | None = None
+    #: The calibration key of the longest segment of its class (see :attr:`Segment.basis`).
+    basis: str = ""
     #: The segments' starts when they are in order and apart (they are, as classified): then
     #: :func:`class_at` bisects, which the detectors call for every bucket of every GPU.
     starts: tuple[float, ...] | None = field(default=None, init=False, repr=False, compare=False)
@@ -155,6 +162,8 @@ class Features:
     memory_cv: float | None = None
     memory_util_r: float | None = None
     power_ratio: float | None = None  # median power / limit
+    #: Median power as a share of the dynamic range (idle to limit).
+    power_load: float | None = None
     #: Share of busy intervals (utilization high) at low power: ranks waiting in collectives.
     busy_low_power: float | None = None
     nvlink_gbps: float | None = None
@@ -177,6 +186,16 @@ class Features:
     bounded: bool = False
     #: The analysis bucket: what is finer than this cannot be seen.
     resolution_seconds: float = 300.0
+    #: Runs of compute: the median run of intervals with compute, in minutes, and the median of
+    #: the highest utilization inside those intervals (how much of each interval a run fills).
+    run_minutes: float | None = None
+    active_duty: float | None = None
+    #: Replicas: how many held spans elsewhere in the fleet share this footprint (within
+    #: ``replica_footprint_ratio``) and move with it over 15-minute means but not step by step;
+    #: the median correlations with them (15-minute means, and at the analysis resolution).
+    replicas: int = 0
+    replica_r: float | None = None
+    replica_fine_r: float | None = None
 
 
 @dataclass(slots=True)
@@ -215,7 +234,8 @@ def classify(data: FleetData, thresholds: Thresholds | None = None) -> list[GpuV
         for span in group:
             span.features = _features(span, data, th, recurring.get(id(span), 0))
     _cross_gpu([s for group in spans.values() for s in group], th)
-    decided: dict[int, tuple[str, float, list[str]]] = {}
+    _replicas([s for group in spans.values() for s in group], th, data.bucket_seconds)
+    decided: dict[int, Decision] = {}
     for group in spans.values():
         for s in group:
             if s.occupied:
@@ -306,6 +326,7 @@ def _features(span: _Span, data: FleetData, th: Thresholds, recurring: int) -> F
     if active:
         f["active"] = sum(active) / len(active)
         f |= _gaps(b, ref, th, step)
+        f |= _runs(b, ref, th, step)
     f |= _memory(b, ref, loads)
     f |= _power(b, ref, th)
     if loads and hours >= 30:
@@ -350,6 +371,26 @@ def _gaps(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str
     return out
 
 
+def _runs(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str, Any]:
+    """Runs of intervals with compute: their median length (minutes) and how full the
+    intervals are (the median of their highest utilization)."""
+    runs, run, duty = [], 0, []
+    for x in b:
+        if computed(x, ref, th):
+            run += 1
+            if x.util_max is not None:
+                duty.append(x.util_max)
+        elif run:
+            runs.append(run)
+            run = 0
+    if run:
+        runs.append(run)
+    out: dict[str, Any] = {"run_minutes": statistics.median(runs) * step / 60.0} if runs else {}
+    if duty:
+        out["active_duty"] = statistics.median(duty)
+    return out
+
+
 def _memory(b: list[Bucket], ref: PowerRef, loads: list[float]) -> dict[str, Any]:
     memory = [x.memory_bytes for x in b if x.memory_bytes is not None]
     if not memory:
@@ -377,7 +418,10 @@ def _power(b: list[Bucket], ref: PowerRef, th: Thresholds) -> dict[str, Any]:
     if not power or not ref.limit_watts:
         return {}
     limit = ref.limit_watts
-    out: dict[str, Any] = {"power_ratio": statistics.median(power) / limit}
+    out: dict[str, Any] = {
+        "power_ratio": statistics.median(power) / limit,
+        "power_load": ref.load(statistics.median(power)),
+    }
     pairs = [
         (x.util, x.power_watts / limit)
         for x in b
@@ -545,6 +589,76 @@ def _aligned_r(a: dict[float, float], b: dict[float, float]) -> float:
     return pearson([a[k] for k in keys], [b[k] for k in keys])
 
 
+#: Each span is compared with at most this many others of the nearest footprints: a few
+#: replicas decide, and a fleet of identical reservations stays linear.
+REPLICA_CANDIDATES = 24
+#: The coarse resolution of the replica test (issue #23's 15-minute means).
+REPLICA_COARSE_SECONDS = 900.0
+
+
+def _replicas(spans: list[_Span], th: Thresholds, step: int) -> None:
+    """Replicas of one service, across the fleet (nodes included): held spans whose footprints
+    are alike (within ``replica_footprint_ratio``), whose load correlates over 15-minute means
+    (``replica_min_r``) but not step by step (``replica_max_fine_r``; ranks in lockstep
+    correlate near 1 at every resolution), over ``replica_min_seconds`` of shared time."""
+    found = [s for s in spans if _replica_candidate(s, th)]
+    found.sort(key=lambda s: s.features.memory_gib or 0.0)
+    series = {
+        id(s): {x.start: v for x in s.buckets if (v := _load(x, s.ref)) is not None} for s in found
+    }
+    pairs: dict[int, list[tuple[float, float]]] = {id(s): [] for s in found}
+    for i, s in enumerate(found):
+        top = (s.features.memory_gib or 0.0) * (1.0 + th.replica_footprint_ratio)
+        for o in found[i + 1 : i + 1 + REPLICA_CANDIDATES]:
+            if (o.features.memory_gib or 0.0) > top:
+                break
+            rs = _replica_rs(series[id(s)], series[id(o)], th, step)
+            if rs is not None:
+                pairs[id(s)].append(rs)
+                pairs[id(o)].append(rs)
+    for s in found:
+        if pairs[id(s)]:
+            s.features = dataclasses.replace(
+                s.features,
+                replicas=len(pairs[id(s)]),
+                replica_r=statistics.median(r for r, _ in pairs[id(s)]),
+                replica_fine_r=statistics.median(r for _, r in pairs[id(s)]),
+            )
+
+
+def _replica_candidate(s: _Span, th: Thresholds) -> bool:
+    f = s.features
+    return (
+        s.occupied
+        and f.memory_gib is not None
+        and f.load_source != "none"
+        and f.hours * 3600 >= th.replica_min_seconds
+        and (f.load_std or 0.0) > 0.0
+        and not _saturated(f, th)
+    )
+
+
+def _replica_rs(
+    a: dict[float, float], b: dict[float, float], th: Thresholds, step: int
+) -> tuple[float, float] | None:
+    """(15-minute r, step r) when the two series behave as replicas, else ``None``."""
+    keys = sorted(a.keys() & b.keys())
+    if len(keys) * step < th.replica_min_seconds:
+        return None
+    fine = pearson([a[k] for k in keys], [b[k] for k in keys])
+    if fine > th.replica_max_fine_r:
+        return None
+    blocks: dict[int, list[tuple[float, float]]] = {}
+    for k in keys:
+        blocks.setdefault(int(k // REPLICA_COARSE_SECONDS), []).append((a[k], b[k]))
+    means = [
+        (statistics.fmean(x for x, _ in v), statistics.fmean(y for _, y in v))
+        for v in blocks.values()
+    ]
+    coarse = pearson([x for x, _ in means], [y for _, y in means])
+    return (coarse, fine) if coarse >= th.replica_min_r else None
+
+
 def _recurrence(spans: dict[str, list[_Span]]) -> dict[int, int]:
     """How many other held spans of its GPU each held span (by ``id``) recurs with, at about the
     same hour on other days (batch windows). A span cut by the window's edge is compared by its
@@ -585,21 +699,33 @@ def _same_window(s: _Span, o: _Span, first: float, last: float) -> bool:
 
 Scores = dict[str, float]
 Evidence = dict[str, list[str]]
+#: A span's class, its margin over the runner-up (points), its evidence, and its basis (the
+#: evidence that gave the class the most points).
+Decision = tuple[str, float, list[str], str]
 
 
-def _decide(span: _Span, hints: tuple[str, ...], th: Thresholds) -> tuple[str, float, list[str]]:
-    """The span's class, the margin over the runner-up (in points), and the evidence."""
+def _decide(span: _Span, hints: tuple[str, ...], th: Thresholds) -> Decision:
+    """The span's class, the margin over the runner-up (in points), the evidence and the
+    basis."""
     scores: Scores = dict.fromkeys(CLASSES[:-1], 0.0)
     ev: Evidence = {k: [] for k in scores}
-    for rule in (_saturation, _training, _demand, _low_traffic, _sessions, _bounded):
+    points: dict[str, dict[str, float]] = {k: {} for k in scores}
+    for rule in RULES:
+        before = dict(scores)
         rule(span.features, th, scores, ev)
+        for k, v in scores.items():
+            if v > before[k]:
+                points[k][rule.__name__.strip("_")] = v - before[k]
     hint = _hinted(hints)
     if hint:
         scores[hint] += 0.35
+        points[hint]["hint"] = 0.35
         ev[hint].append(f"process metadata suggests {hint} ({_hint_word(hints, hint)})")
     best = max(scores, key=lambda k: (scores[k], k == "inference"))
     ranked = sorted(scores.values(), reverse=True)
-    return best, ranked[0] - ranked[1], ev[best]
+    mine = points[best]
+    basis = max(mine, key=lambda k: (mine[k], k)) if mine else "default"
+    return best, ranked[0] - ranked[1], ev[best], basis
 
 
 def _hinted(hints: tuple[str, ...]) -> str | None:
@@ -621,7 +747,42 @@ def _saturated(f: Features, th: Thresholds) -> bool:
 def _collective_waits(f: Features, th: Thresholds) -> float:
     """The share of busy intervals at low power, on a GPU that is mostly busy (a server's
     occasional request at low power is not a rank waiting in a collective)."""
+    if _decode_bound(f, th):  # its low-power busy intervals are decode steps, not waits
+        return 0.0
     return (f.busy_low_power or 0.0) if (f.busy or 0.0) >= th.mostly_busy_ratio else 0.0
+
+
+def _decode_bound(f: Features, th: Thresholds) -> bool:
+    """Saturated utilization at a median power well under the limit, on memory set by weights
+    plus a KV cache (a reservation, or a footprint that moves) rather than optimizer state."""
+    return (
+        f.load_source == "utilization"
+        and _saturated(f, th)
+        and f.power_ratio is not None
+        and f.power_ratio <= th.decode_power_max_ratio
+        and (f.power_load or 0.0) >= th.decode_min_power_load_ratio
+        and (_reserved(f, th) or (f.memory_cv or 0.0) >= th.kv_cache_min_cv)
+    )
+
+
+def _reserved(f: Features, th: Thresholds) -> bool:
+    """A KV-cache reservation's level (the band of :func:`_preallocated`; the spread is not
+    asked, since the minutes of loading the weights spread a short run's footprint)."""
+    ratio = f.memory_ratio
+    return ratio is not None and th.preallocated_min_ratio <= ratio <= th.preallocated_max_ratio
+
+
+def _decode(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
+    """Decode-bound generation: a kernel always runs, but memory-bound decode leaves the board
+    well under its limit, where training's matmuls hold it near (thresholds.py cites both)."""
+    if not _decode_bound(f, th):
+        return
+    s["batch"] += 0.9
+    ev["batch"].insert(
+        0,
+        f"saturated utilization at {f.power_ratio:.0%} of the power limit on weights plus a KV "
+        "cache: memory-bound decode (generation), not training's matmuls",
+    )
 
 
 def _demand_driven(f: Features, th: Thresholds) -> bool:
@@ -766,6 +927,48 @@ def _around_the_clock(f: Features, th: Thresholds) -> bool:
     return spread and f.gaps_by_chance
 
 
+def _replica_group(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
+    """Replicas of one service: inference (a notebook is a singleton with its own footprint and
+    timing)."""
+    if not f.replicas:
+        return
+    s["inference"] += 1.5
+    ev["inference"].insert(
+        0,
+        f"{f.replicas} GPU{'s' if f.replicas != 1 else ''} elsewhere hold the same footprint "
+        f"(within {th.replica_footprint_ratio:.0%}) and move with it over 15-minute means "
+        f"(r={f.replica_r or 0.0:.2f}) but not step by step (r={f.replica_fine_r or 0.0:.2f}): "
+        "replicas of one service",
+    )
+
+
+def _request_runs(f: Features, th: Thresholds) -> bool:
+    """Compute in runs of a few minutes, each filling part of its interval, spread over most
+    hours of the day: request-driven, however long the nights."""
+    return (
+        f.load_source == "utilization"
+        and f.run_minutes is not None
+        and f.run_minutes * 60 <= th.request_run_max_seconds
+        and f.active_duty is not None
+        and f.active_duty <= th.request_duty_max_ratio
+        and (f.hours_active or 0.0) >= th.request_hours_ratio
+        and not _saturated(f, th)
+    )
+
+
+def _quiet_hours(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
+    """Quiet hours are not sessions: a service for people follows their day."""
+    if not _request_runs(f, th):
+        return
+    s["inference"] += 1.1
+    ev["inference"].insert(
+        0,
+        f"compute in runs of {f.run_minutes:.0f} min filling {f.active_duty:.0%} of an "
+        f"interval, in {f.hours_active:.0%} of the hours of the day (longest quiet stretch "
+        f"{f.longest_gap_hours or 0.0:.1f} h): requests, not sessions",
+    )
+
+
 def _sessions(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
     """Memory held with sporadic compute: sessions separated by long gaps (a notebook)."""
     med, p90, active = f.load_median or 0.0, f.load_p90 or 0.0, f.active or 0.0
@@ -776,7 +979,7 @@ def _sessions(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
         and not _around_the_clock(f, th)
     )
     long_gaps = (f.longest_gap_hours or 0.0) * 3600 >= th.session_gap_seconds
-    if light and long_gaps and f.sessions >= 1:
+    if light and long_gaps and f.sessions >= 1 and not _request_runs(f, th):
         s["interactive"] += 1.0
         ev["interactive"].append(
             f"{f.sessions} session{'s' if f.sessions != 1 else ''} of compute separated by idle "
@@ -816,9 +1019,20 @@ def _bounded(f: Features, th: Thresholds, s: Scores, ev: Evidence) -> None:
         )
 
 
-def _agree_in_lockstep(
-    spans: dict[str, list[_Span]], decided: dict[int, tuple[str, float, list[str]]]
-) -> None:
+RULES = (
+    _saturation,
+    _training,
+    _decode,
+    _demand,
+    _replica_group,
+    _quiet_hours,
+    _low_traffic,
+    _sessions,
+    _bounded,
+)
+
+
+def _agree_in_lockstep(spans: dict[str, list[_Span]], decided: dict[int, Decision]) -> None:
     """GPUs in lockstep are one workload: they take the class most of them got, weighted by the
     margin each decided with (tensor-parallel replicas, data-parallel ranks)."""
     seen: set[int] = set()
@@ -830,18 +1044,18 @@ def _agree_in_lockstep(
             seen |= {id(m) for m in members}
             votes: dict[str, float] = {}
             for m in members:
-                cls, margin, _ = decided[id(m)]
+                cls, margin, _, _ = decided[id(m)]
                 votes[cls] = votes.get(cls, 0.0) + 0.1 + margin
             best = max(votes, key=lambda k: (votes[k], k))
             note = f"{len(members)} GPUs in lockstep (r={max(m.peer_r for m in members):.2f})"
             agreed = sum(1 for x in members if decided[id(x)][0] == best) / len(members)
             for m in members:
-                cls, margin, words = decided[id(m)]
+                cls, margin, words, basis = decided[id(m)]
                 if cls != best:
                     words = [f"classed with its lockstep group ({agreed:.0%} of them {best})"]
-                    margin = 0.2
+                    margin, basis = 0.2, "lockstep"
                 # The class's own evidence first (what decided it), then the grouping.
-                decided[id(m)] = (best, margin + 0.1 * agreed, [*words, note])
+                decided[id(m)] = (best, margin + 0.1 * agreed, [*words, note], basis)
 
 
 def _component(s: _Span) -> list[_Span]:
@@ -857,31 +1071,60 @@ def _component(s: _Span) -> list[_Span]:
 
 
 def _segment_of(
-    span: _Span, decided: dict[int, tuple[str, float, list[str]]], data: FleetData, th: Thresholds
+    span: _Span, decided: dict[int, Decision], data: FleetData, th: Thresholds
 ) -> Segment:
     end = span.end + data.bucket_seconds
     f = span.features
     if not span.occupied:
-        return Segment(span.start, end, "idle", _confidence(f, 1.0, th), ("nothing held the GPU",))
-    cls, margin, words = decided[id(span)]
+        key = calibration_key("idle", "free", f.hours)
+        conf = _confidence(f, 1.0, th, key)
+        return Segment(span.start, end, "idle", conf, ("nothing held the GPU",), key)
+    cls, margin, words, basis = decided[id(span)]
     evidence = [*words, _describe(f)]
     if _thin(f, th):
         evidence.append(
             f"only {f.samples} samples over {f.hours * 60:.0f} min: too little to be sure"
         )
-    return Segment(span.start, end, cls, _confidence(f, margin, th), tuple(evidence))
+    key = calibration_key(cls, basis, f.hours)
+    conf = _confidence(f, margin, th, key)
+    if _undecided_short(f, cls, basis, th) and conf > th.short_window_max_confidence_ratio:
+        conf = th.short_window_max_confidence_ratio
+        evidence.append(
+            f"{f.hours:.0f} h is under {th.daily_structure_seconds / 3600:.0f} h: no daily "
+            "structure shows, and no replicas decide between serving and a session"
+        )
+    return Segment(span.start, end, cls, conf, tuple(evidence), key)
+
+
+def _undecided_short(f: Features, cls: str, basis: str, th: Thresholds) -> bool:
+    """Short windows are honest: between inference and interactive, under two days, only
+    replicas (or declared intent) decide."""
+    short = f.hours * 3600 < th.daily_structure_seconds
+    return short and cls in ("inference", "interactive") and basis != "replica_group"
+
+
+def calibration_key(cls: str, basis: str, hours: float) -> str:
+    """The evidence combination a confidence is measured for: the class, what decided it, and
+    how long the span is (``<1h``, ``<1d``, ``<2d``, ``2d+``)."""
+    span = "<1h" if hours < 1 else "<1d" if hours < 24 else "<2d" if hours < 48 else "2d+"
+    return f"{cls}:{basis}:{span}"
 
 
 def _thin(f: Features, th: Thresholds) -> bool:
     return f.hours * 3600 < th.min_evidence_seconds or f.samples < th.min_evidence_samples
 
 
-def _confidence(f: Features, margin: float, th: Thresholds) -> float:
-    """From the margin over the runner-up, lowered when signals are missing, and at most 0.5
-    on too little data."""
-    base = 0.5 + 0.45 * (1.0 - math.exp(-margin / 0.5))
-    signals = sum(x is not None for x in (f.load_median, f.memory_gib, f.power_ratio))
-    base *= (0.85, 0.9, 0.95, 1.0)[signals]
+def _confidence(f: Features, margin: float, th: Thresholds, key: str = "") -> float:
+    """The measured accuracy of the verdict's evidence combination on the tuning split
+    (:mod:`analyzer.calibration`); where the table has nothing for it, from the margin over
+    the runner-up, lowered when signals are missing. At most 0.5 on too little data."""
+    measured = calibration.confidence(key) if key else None
+    if measured is not None:
+        base = measured
+    else:
+        base = 0.5 + 0.45 * (1.0 - math.exp(-margin / 0.5))
+        signals = sum(x is not None for x in (f.load_median, f.memory_gib, f.power_ratio))
+        base *= (0.85, 0.9, 0.95, 1.0)[signals]
     if _thin(f, th):
         base = min(base, 0.5)
     return round(min(base, 0.98), 2)
@@ -921,9 +1164,10 @@ def _overall(gpu: GpuInfo, segments: list[Segment], ref: PowerRef) -> GpuVerdict
     )
     longest = max(main, key=lambda s: s.end - s.start)
     evidence = [f"{best} for {share[best] / total:.0%} of the window", *longest.evidence]
+    basis = longest.basis
     if share.get("idle", 0.0) > 0 and best != "idle":
         evidence.append(f"idle for {share['idle'] / total:.0%}")
     source = mig.evidence(gpu)  # where a MIG instance's activity came from
     if source is not None:
         evidence.append(source)
-    return GpuVerdict(gpu, best, confidence, tuple(evidence), tuple(segments), ref)
+    return GpuVerdict(gpu, best, confidence, tuple(evidence), tuple(segments), ref, basis)

@@ -129,6 +129,43 @@ class Thresholds:
     #: Buckets this fine show a training step (forward, backward, all-reduce at low power).
     step_visible_seconds: float = 10.0
 
+    #: -- behaviour-only principles of issue #23 (production serving is not a notebook) --
+    #: Replicas of one service hold footprints within this share of each other (107 of 110
+    #: production serving pods were within 1% of another pod's footprint, issue #23).
+    replica_footprint_ratio: float = 0.01
+    #: ... their load moves together over 15-minute means (pairs of replicas on one node: median
+    #: r 0.87, p10 0.47; issue #23) ...
+    replica_min_r: float = 0.45
+    #: ... but not step by step: a balancer spreads requests (minute r median 0.32, p90 0.39),
+    #: while training ranks in lockstep correlate near 1 at every resolution.
+    replica_max_fine_r: float = 0.85
+    #: ... over at least this much shared time (a 15-minute mean needs hours to correlate).
+    replica_min_seconds: float = 4 * 3600.0
+    #: Quiet serving: runs of activity of a few minutes (production pods: median 2 min, p90 7,
+    #: p99 19), each filling part of the interval (duty when active median 20%, p90 41%), while a
+    #: notebook's cells run kernels back to back (a duty near 1 while a cell runs).
+    request_run_max_seconds: float = 1200.0
+    request_duty_max_ratio: float = 0.5
+    #: ... in at least this share of the hours of the day: a service for people in one time zone
+    #: is over 10x quieter at night, yet not silent (longest quiet stretch a day: median 3.3 h,
+    #: p90 4.5 h, issue #23); a notebook sleeps all night.
+    request_hours_ratio: float = 0.6
+    #: Decode-bound generation: saturated utilization with median power at most this share of
+    #: the board limit. Memory-bound decode draws 137-300 W on a 700 W H200 (0.20-0.43; Ma et al.,
+    #: arXiv 2605.11999, 2026; Splitwise, ISCA'24: token generation needs less power than prompt
+    #: computation), while training's matmuls hold power near the limit (POLCA, ASPLOS'24; MLPerf
+    #: H100 training draws 600-700 W of 700 W).
+    decode_power_max_ratio: float = 0.5
+    #: ... and at least this share of the dynamic range above idle: decode streams HBM (137 W on
+    #: that H200, idle ~76 W: 10% of its range), while a GPU waiting with a kernel resident (a
+    #: synchronous checkpoint stall, ranks spinning in a collective) draws idle power.
+    decode_min_power_load_ratio: float = 0.08
+    #: Short windows are honest: under this span no daily structure shows, and a choice between
+    #: inference and interactive not decided by replicas has confidence at most
+    #: ``short_window_max_confidence_ratio``.
+    daily_structure_seconds: float = 2 * 86400.0
+    short_window_max_confidence_ratio: float = 0.6
+
     #: Noisy neighbour: the victim's throughput must fall at least this much (a co-location study
     #: counted pairs below 0.9x solo speed as interfering; two time-shared LM jobs lost ~19%).
     noisy_min_slowdown_ratio: float = 0.10

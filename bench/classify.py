@@ -9,7 +9,9 @@ ground truth:
 * per segment, weighted by time: the predicted class of every minute vs the true one.
 
 Prints accuracy per class, training-vs-inference accuracy, and the confusion matrix. A baseline
-measured in the same run: always answering the most common class.
+measured in the same run: always answering the most common class. Then the independent set
+(`bench/evalset.py`) for each `--seeds` seed, and a reliability table (confidence bin against
+accuracy, and how often verdicts at confidence >= 0.8 were right) per evaluation set.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import calibrate  # bench/calibrate.py, beside this script
 import duckdb
 import evalset  # bench/evalset.py, beside this script
 
@@ -57,7 +61,14 @@ def minute_truth(spans: list[tuple[str, float, float, str]], uuid: str, t: float
     return None
 
 
-def evaluate(path: Path, days: float) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]]]:
+Confusion = Counter[tuple[str, str]]
+
+
+def evaluate(
+    path: Path, days: float, rows: list[dict[str, Any]] | None = None
+) -> tuple[Confusion, Confusion]:
+    """Per-GPU and per-10-minute confusion; each GPU's (truth, class, confidence) appended to
+    ``rows`` for the reliability table."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "s.duckdb"
         simulate(load(str(path)), store, days=days)
@@ -69,6 +80,15 @@ def evaluate(path: Path, days: float) -> tuple[Counter[tuple[str, str]], Counter
 
     for g in doc["gpus"]:
         per_gpu[(gpu_truth.get(g["uuid"], "idle"), g["class"])] += 1
+        if rows is not None:
+            rows.append(
+                {
+                    "truth": gpu_truth.get(g["uuid"], "idle"),
+                    "predicted": g["class"],
+                    "confidence": float(g["confidence"]),
+                    "basis": g.get("basis", ""),
+                }
+            )
         for seg in g["segments"]:
             start = dt.datetime.fromisoformat(seg["start"].replace("Z", "+00:00")).timestamp()
             end = dt.datetime.fromisoformat(seg["end"].replace("Z", "+00:00")).timestamp()
@@ -110,12 +130,19 @@ def report(title: str, confusion: Counter[tuple[str, str]]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--days", type=float, default=3.0)
+    parser.add_argument(
+        "--seeds",
+        default="7",
+        help="the independent set's seeds, each a set of its own (tuning split "
+        f"{evalset.TUNING_SEEDS}, held-out {evalset.HELDOUT_SEEDS})",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     per_gpu: Counter[tuple[str, str]] = Counter()
     per_time: Counter[tuple[str, str]] = Counter()
+    sim_rows: list[dict[str, Any]] = []
     for path in sorted(HERE.glob("*.toml")):
-        g, t = evaluate(path, args.days)
+        g, t = evaluate(path, args.days, sim_rows)
         per_gpu.update(g)
         per_time.update(t)
         print(
@@ -124,11 +151,31 @@ def main() -> int:
         )
     report("per GPU (overall class)", per_gpu)
     report("per 10 minutes of segment time", per_time)
-    print("\nthe independent set (bench/evalset.py: nvidia-smi captures no simulator made)")
-    scores = evalset.evaluate()
-    for line in evalset.report_lines(scores):
-        print("  " + line)
-    side_by_side(per_gpu, scores["classes"])
+    sets: list[tuple[str, list[dict[str, Any]]]] = [("simulator held-out scenarios", sim_rows)]
+    scores: dict[str, Any] = {}
+    for seed in (int(x) for x in args.seeds.split(",") if x):
+        split = "tuning" if seed in evalset.TUNING_SEEDS else "held-out"
+        print(
+            f"\nthe independent set (bench/evalset.py: nvidia-smi captures no simulator made), "
+            f"seed {seed} ({split} split)"
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            cases = evalset.generate(Path(tmp) / "captures", seed)
+            docs = evalset.run(cases, Path(tmp) / "stores")
+        scores = {
+            "classes": evalset.score_classes(cases, docs),
+            "findings": evalset.score_findings(cases, docs),
+        }
+        for line in evalset.report_lines(scores):
+            print("  " + line)
+        sets.append(
+            (f"independent set, seed {seed} ({split})", calibrate.rows_of(cases, docs, seed))
+        )
+    print("\nReliability per evaluation set (confidence bin vs accuracy; issue #23)")
+    for title, rows in sets:
+        calibrate.print_set(title, rows)
+    if scores:
+        side_by_side(per_gpu, scores["classes"])
     return 0
 
 
