@@ -6,7 +6,8 @@ analysis (:mod:`analyzer.live`):
 
 1. :mod:`analyzer.idle_held`: memory held with no compute;
 2. :mod:`analyzer.neighbors`: co-located workloads that slow each other down;
-3. :mod:`analyzer.starved`: GPUs that a workload holds but cannot keep fed.
+3. :mod:`analyzer.starved`: GPUs that a workload holds but cannot keep fed;
+4. :mod:`analyzer.silent`: fleet nodes that stopped reporting before the window's end.
 
 Each returns its findings and the GPU-intervals (uuid, bucket start) they explain; a later
 detector does not count an interval an earlier one explained, so each lost GPU-hour is reported
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from analyzer import idle_held, neighbors, starved
+from analyzer import idle_held, neighbors, silent, starved
 from analyzer.context import Context, Detected, Finding
 
 Detector = Callable[[Context, frozenset[tuple[str, float]]], Detected]
@@ -29,6 +30,7 @@ DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("idle_held", idle_held.detect),
     ("noisy_neighbor", neighbors.detect),
     ("starved", starved.detect),
+    ("node_silent", silent.detect),
 )
 
 

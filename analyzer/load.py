@@ -179,6 +179,20 @@ class FleetData:
     events: dict[str, int] = field(default_factory=dict)  # agent events by kind (xid, ...)
     #: GPU samples dated after now + a day (a wrong clock), left out of the window.
     ignored_future_samples: int = 0
+    #: What the window leaves out: each input's newest GPU sample, each node's, and the
+    #: oldest sample of all (:class:`Reach`).
+    reach: Reach | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """How far the data reaches, against the window: each input's newest believable GPU sample
+    (``None``: it has none), each node's newest and its GPUs (node -> (newest, ((index, uuid),
+    ...))), and the oldest sample of all (epoch seconds)."""
+
+    inputs: tuple[tuple[str, float | None], ...]
+    nodes: dict[str, tuple[float, tuple[tuple[int, str], ...]]]
+    first_ts: float
 
 
 def expand(patterns: list[str]) -> list[Path]:
@@ -262,29 +276,88 @@ def load(
     timeout: float = 10.0,
     bucket_seconds: int | None = None,
     until: float | None = None,
+    start_at: float | None = None,
 ) -> FleetData:
-    """Aggregate the window ``(newest sample - since, newest sample]`` of every store, or, with
-    ``until`` (epoch seconds), the window of that length ending there (the plan classifies
-    past weeks this way)."""
+    """Aggregate the window of ``since_seconds`` that ends with the bucket holding the newest
+    sample of every store, or, with ``until`` (epoch seconds), ending there (the plan
+    classifies past weeks this way; ``--until``); ``start_at`` (``--since TIME``) starts it at
+    a time instead. Its edges fall on whole buckets: ``[start, end)``, both multiples of the
+    bucket length."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         # A past window may lie in any day: every day of the segments is listed then.
-        days = since_seconds if until is None else None
+        days = since_seconds if until is None and start_at is None else None
         aliases = sf.attach_inputs(con, list(paths), timeout, days)
         con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
-        first, end, ignored = _window_end(con, paths)
-        end = end if until is None else min(end, until)
-        # An old or short capture still analyzes: the window ends at its newest sample and
-        # starts no earlier than its first.
-        start = max(end - since_seconds, first - 1.0)
-        interval = _interval(con, start, end)
-        bucket = bucket_seconds or bucket_for(end - start, interval)
+        first, newest, ignored = _window_end(con, paths)
+        newest = newest if until is None else min(newest, until)
+        if start_at is not None:
+            if start_at >= newest:
+                raise InputError(
+                    f"--since: starts at or after the newest sample ({sf_iso(newest)}); "
+                    "nothing to analyze"
+                )
+            since_seconds = newest - start_at
+        interval = _interval(con, max(newest - since_seconds, first), newest)
+        bucket = bucket_seconds or bucket_for(min(since_seconds, newest - first + 1.0), interval)
+        start, end = whole_buckets(first, newest, since_seconds, bucket, until, start_at)
+        reach = _reach(con, paths, aliases, first)
         _materialize(con, aliases, start, end, bucket)
         sf.detach_inputs(con, aliases)
         data = _fetch(con, start, end, bucket, interval)
-        return dataclasses.replace(data, ignored_future_samples=ignored)
+        return dataclasses.replace(data, ignored_future_samples=ignored, reach=reach)
     finally:
         con.close()
+
+
+def whole_buckets(
+    first: float,
+    newest: float,
+    since_seconds: float,
+    bucket: int,
+    until: float | None = None,
+    start_at: float | None = None,
+) -> tuple[float, float]:
+    """The window ``[start, end)`` on whole buckets: ``end`` closes the bucket holding
+    ``newest`` (or is ``until``'s bucket edge when that comes first), ``start`` is
+    ``since_seconds`` before it, rounded down to a bucket, and no earlier than the bucket
+    holding the first sample (an old or short capture still analyzes; a window that started
+    at 23:59:59 cut its first hour and day at a second); ``start_at`` (``--since TIME``)
+    starts it with the bucket holding that time instead."""
+    end = (newest // bucket + 1) * bucket
+    if until is not None and until < end:
+        end = until // bucket * bucket
+    asked = end - since_seconds if start_at is None else start_at  # --since TIME: its bucket
+    start = max(asked // bucket * bucket, first // bucket * bucket)
+    return float(start), float(max(end, start + bucket))
+
+
+def sf_iso(ts: float) -> str:
+    """Epoch seconds as the documents write them (ISO 8601, UTC)."""
+    import datetime as dt  # noqa: PLC0415
+
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _reach(
+    con: duckdb.DuckDBPyConnection, paths: Sequence[sf.Input], aliases: list[str], first: float
+) -> Reach:
+    """Each input's and each node's newest believable GPU sample (and a node's GPUs)."""
+    limit = {"l": believable_limit(con, "SELECT ts FROM g")}
+    newest: list[tuple[str, float | None]] = []
+    for path, alias in zip(paths, aliases[: len(paths)], strict=True):  # then the fleet alias
+        row = con.execute(
+            f"SELECT max(ts) FROM {alias}.{sf.GPU_SAMPLES} WHERE ts <= $l", limit
+        ).fetchone()
+        newest.append((str(path), None if row is None or row[0] is None else float(row[0])))
+    nodes: dict[str, tuple[float, tuple[tuple[int, str], ...]]] = {}
+    for node, ts, gpus in con.execute(
+        "SELECT node, max(ts), list(DISTINCT [coalesce(gpu_index, -1)::VARCHAR, uuid]) "
+        "FROM g WHERE ts <= $l GROUP BY node ORDER BY node",
+        limit,
+    ).fetchall():
+        nodes[str(node)] = (float(ts), tuple(sorted((int(i), str(u)) for i, u in gpus)))
+    return Reach(tuple(newest), nodes, first)
 
 
 #: Samples past this machine's clock (and a day) that follow the ones before it with no gap
@@ -366,14 +439,14 @@ def _materialize(
         "avg(tensor_active_ratio) AS tensor, avg(sm_clock_hertz) AS clock, "
         "avg(CASE WHEN clock_event_reasons IS NULL THEN NULL "
         "WHEN (clock_event_reasons & $limits) != 0 THEN 1.0 ELSE 0.0 END) AS throttled "
-        "FROM g WHERE ts > $s AND ts <= $e GROUP BY ALL",
+        "FROM g WHERE ts >= $s AND ts < $e GROUP BY ALL",
         {"b": bucket, "s": start, "e": end, "limits": THROTTLE_REASONS},
     )
     _materialize_host(con, aliases, start, end, bucket)
     _materialize_tenancy(con, aliases, start, end, bucket)
     con.execute(
         "CREATE TABLE events AS SELECT kind, count(*) AS n "
-        f"FROM ({_union(aliases, sf.AGENT_EVENTS)}) WHERE ts > $s AND ts <= $e GROUP BY kind",
+        f"FROM ({_union(aliases, sf.AGENT_EVENTS)}) WHERE ts >= $s AND ts < $e GROUP BY kind",
         {"s": start, "e": end},
     )
     con.execute(
@@ -388,7 +461,7 @@ def _materialize(
         f"FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) s "
         f"JOIN ({_union(aliases, sf.PROCESSES)}) p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
-        "WHERE s.ts > $s AND s.ts <= $e",
+        "WHERE s.ts >= $s AND s.ts < $e",
         {"s": start, "e": end},
     )
 
@@ -416,7 +489,7 @@ def _materialize_host(
         "avg(cpu_busy_ratio) AS busy, avg(cpu_iowait_ratio) AS iowait, "
         "avg(psi_cpu_some_ratio) AS psi_cpu, avg(psi_io_some_ratio) AS psi_io, "
         "avg(disk_read_bytes_per_second) AS disk_read, max(cpu_count) AS cpus "
-        f"FROM ({_union(aliases, sf.HOST_SAMPLES)}) WHERE ts > $s AND ts <= $e GROUP BY ALL",
+        f"FROM ({_union(aliases, sf.HOST_SAMPLES)}) WHERE ts >= $s AND ts < $e GROUP BY ALL",
         params,
     )
     con.execute(
@@ -424,14 +497,14 @@ def _materialize_host(
         "sum(v) FILTER (WHERE kind = 'nic') AS nic FROM ("
         "SELECT node, kind, device, floor(ts / $b) * $b AS start, "
         "avg(coalesce(rx_bytes_per_second, 0) + coalesce(tx_bytes_per_second, 0)) AS v "
-        f"FROM ({_union(aliases, sf.NET_SAMPLES)}) WHERE ts > $s AND ts <= $e GROUP BY ALL"
+        f"FROM ({_union(aliases, sf.NET_SAMPLES)}) WHERE ts >= $s AND ts < $e GROUP BY ALL"
         ") GROUP BY ALL",
         params,
     )
     con.execute(
         "CREATE TABLE cg AS SELECT node, cgroup, floor(ts / $b) * $b AS start, "
         "avg(cpu_cores) AS cores, max(cpu_limit_cores) AS lim "
-        f"FROM ({_union(aliases, sf.CGROUP_SAMPLES)}) WHERE ts > $s AND ts <= $e GROUP BY ALL",
+        f"FROM ({_union(aliases, sf.CGROUP_SAMPLES)}) WHERE ts >= $s AND ts < $e GROUP BY ALL",
         params,
     )
 
@@ -451,7 +524,7 @@ def _materialize_tenancy(
         f"JOIN ({_union(aliases, sf.PROCESSES)}) p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
         f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid "
-        "WHERE s.ts > $s AND s.ts <= $e GROUP BY s.uuid, tenant, 3",
+        "WHERE s.ts >= $s AND s.ts < $e GROUP BY s.uuid, tenant, 3",
         {"b": bucket, "s": start, "e": end},
     )
 

@@ -81,6 +81,11 @@ def top_actions(
             key = (verb.format(job=f.detail("job")), "starved")
         elif f.kind == "idle_held":
             key = (f"Release the GPU held idle by {f.detail('holder')}", "idle_held")
+        elif f.kind == "node_silent":
+            key = (
+                f"Restart the agent on {f.node} (silent since {f.detail('last_sample')})",
+                f.kind,
+            )
         else:
             key = (
                 f"Separate {f.detail('victim')} from {f.detail('aggressor')} "

@@ -1,8 +1,9 @@
 """``aiscope report``: the weekly report, rendered from the ``aiscope.analysis/1`` document.
 
-One document, four forms that always agree: ``.html`` (self-contained: inline CSS and SVG, no
-scripts, no outside requests), ``.md``, ``.json`` (the analysis contract itself) and the terminal
-(Rich tables, colour on a terminal, plain when piped). Sections, in order: the headline, the
+One document, five forms that always agree: ``.html`` (self-contained: inline CSS and SVG, no
+scripts, no outside requests), ``.md``, ``.json`` (the analysis contract itself), ``.csv`` (the
+per-GPU table and ``findings.csv``: :mod:`report.export`) and the terminal (Rich tables, colour
+on a terminal, plain when piped). Sections, in order: the headline, the
 fleet timeline, utilization that is real, findings, recommendations, owners (GPU-hours and
 cost per team, namespace, account or user, adding up to the bill), per-node detail and data
 coverage. Large fleets stay readable: tables show the top ``TOP_N`` rows, with the rest counted.
@@ -17,7 +18,7 @@ from typing import Any
 from store.errors import BadInput
 
 TOP_N = 15
-FORMATS = (".html", ".md", ".json")
+FORMATS = (".html", ".md", ".json", ".csv")
 
 
 class ReportError(BadInput, ValueError):
@@ -29,14 +30,27 @@ def check_out(out: Path) -> str:
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
         raise ReportError(
-            f"--out {out}: unknown format {suffix or '(no suffix)'}; use .html, .md or .json"
+            f"--out {out}: unknown format {suffix or '(no suffix)'}; use .html, .md, .json or .csv"
+        )
+    if suffix == ".csv" and out.name.lower() == "findings.csv":
+        raise ReportError(
+            f"--out {out}: findings.csv is the findings table written beside the per-GPU "
+            "one; name the per-GPU table otherwise (e.g. gpus.csv)"
         )
     return suffix
 
 
 def write(doc: dict[str, Any], out: Path) -> Path:
-    """Write the report in the form ``out``'s suffix names."""
+    """Write the report in the form ``out``'s suffix names (``.csv``: the per-GPU table, and
+    ``findings.csv`` beside it)."""
     suffix = check_out(out)
+    if suffix == ".csv":
+        from report.export import findings_path  # noqa: PLC0415
+        from report.export import render as render_csv  # noqa: PLC0415
+
+        gpus, findings = render_csv(doc)
+        _replace(findings_path(out), findings)
+        return _replace(out, gpus)
     if suffix == ".json":
         text = json.dumps(doc, indent=2) + "\n"
     elif suffix == ".md":
@@ -47,6 +61,11 @@ def write(doc: dict[str, Any], out: Path) -> Path:
         from report.html import render as render_html  # noqa: PLC0415
 
         text = render_html(doc)
+    return _replace(out, text)
+
+
+def _replace(out: Path, text: str) -> Path:
+    """``text`` into ``out`` through a temporary file beside it, then one rename."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")

@@ -138,6 +138,7 @@ def coverage_lines(doc: dict[str, Any]) -> list[str]:
         f"Samples with the GPU not answering: {c['samples_gpu_down']:,}.",
         f"Fields not reported: {missing or 'none'}.",
         f"Agent events: {events or 'none'}.",
+        *c.get("window_notes", ()),  # stores the window left out, a window longer than the data
     ]
 
 
@@ -263,6 +264,8 @@ def finding_summary(f: dict[str, Any]) -> str:
             else f"slowed {f['slowdown_ratio']:.0%}"
         )
         return f"{f['victim']} {slowed} by {f['aggressor']} ({f['resource']})"
+    if f["kind"] == "node_silent":
+        return f"{len(f['gpus'])} GPUs silent since {f['last_sample']}"
     return f"held by {f['holder']} for {f['idle_held_seconds'] / 3600:.1f} h"
 
 

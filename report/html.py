@@ -44,8 +44,11 @@ header.top { border-bottom: 3px solid #0072B2; margin-bottom: 8px; padding-botto
 h1 { font-size: 26px; margin: 0; } h2 { font-size: 20px; margin: 34px 0 8px;
   border-bottom: 1px solid #ccc; padding-bottom: 4px; } h3 { font-size: 16px; margin: 20px 0 6px; }
 .meta { color: #444; font-size: 13px; }
-.cards { display: flex; gap: 12px; flex-wrap: wrap; margin: 14px 0; }
-.card { flex: 1 1 110px; border: 1px solid #ccc; border-radius: 6px; padding: 10px 12px; }
+.cards { display: grid; gap: 12px; margin: 14px 0;
+  grid-template-columns: repeat(var(--wide), 1fr); }
+@media (max-width: 860px) { .cards { grid-template-columns: repeat(var(--narrow), 1fr); } }
+@media (max-width: 440px) { .cards { grid-template-columns: repeat(var(--small), 1fr); } }
+.card { min-width: 0; border: 1px solid #ccc; border-radius: 6px; padding: 10px 12px; }
 .card .n { font-size: 24px; font-weight: 700; } .card .l { font-size: 12px; color: #444; }
 ol.actions li { margin: 4px 0; } .kind { font-weight: 600; }
 table { border-collapse: collapse; width: 100%; margin: 8px 0 4px; font-size: 13px; }
@@ -141,7 +144,23 @@ def _cards(doc: dict[str, Any]) -> str:
         "Share of GPU-hours by outcome",
         ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in shares.items()),
     )
-    return f'<div class="cards">{card_html}</div>{bar}'
+    wide, narrow, small = tile_columns(len(cards))
+    style = f"--wide:{wide};--narrow:{narrow};--small:{small}"
+    return f'<div class="cards" style="{style}">{card_html}</div>{bar}'
+
+
+def tile_columns(tiles: int) -> tuple[int, int, int]:
+    """Columns of the headline's tiles on a wide page (up to 8), a narrow one (up to 4) and a
+    phone (up to 2), each chosen so that no row holds one tile alone: a flex row of 7 tiles
+    left the 7th on its own row (issue 24). One column is the fallback of last resort."""
+    return tuple(_columns(tiles, most) for most in (8, 4, 2))  # type: ignore[return-value]
+
+
+def _columns(tiles: int, most: int) -> int:
+    if tiles <= most:
+        return max(tiles, 1)
+    fits = [c for c in range(most, 1, -1) if tiles % c != 1]
+    return next((c for c in fits if tiles % c == 0), fits[0] if fits else 1)  # full rows first
 
 
 def _timeline(doc: dict[str, Any]) -> str:
@@ -209,8 +228,11 @@ def _findings(doc: dict[str, Any]) -> str:
         ("starved", None),
         ("noisy_neighbor", "Noisy neighbours"),
         ("idle_held", "Idle-held GPUs"),
+        ("node_silent", "Nodes that stopped reporting"),
     ):
         rows = finding_rows(doc, kind)
+        if not rows and kind == "node_silent":
+            continue  # only a fleet with a dark node has the section
         if title:
             parts.append(f"<h3>{title}</h3>")
         if not rows:

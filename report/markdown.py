@@ -122,8 +122,11 @@ def _findings(doc: dict[str, Any]) -> list[str]:
         ("starved", None),
         ("noisy_neighbor", "Noisy neighbours"),
         ("idle_held", "Idle-held"),
+        ("node_silent", "Nodes that stopped reporting"),
     ):
         rows = finding_rows(doc, kind)
+        if not rows and kind == "node_silent":
+            continue  # only a fleet with a dark node has the section
         if title:
             out += [f"### {title}", ""]
         if not rows:

@@ -81,7 +81,9 @@ def _findings(console: Console, doc: dict[str, Any]) -> None:
         findings.add_column(col, justify="right" if col == "GPU-h" else "left")
     rows = doc["findings"][:TOP_N]
     for f in rows:
-        style = {"starved": "yellow", "noisy_neighbor": "magenta", "idle_held": "cyan"}[f["kind"]]
+        style = {"starved": "yellow", "noisy_neighbor": "magenta", "idle_held": "cyan"}.get(
+            f["kind"], "red"
+        )
         findings.add_row(
             f"[{style}]{f['kind']}[/{style}]",
             gpu_label(f, doc),

@@ -13,6 +13,7 @@ from aiscope.cli.common import (
     PrometheusOptions,
     SinceOption,
     ThresholdsOption,
+    UntilOption,
     WaitOption,
     analysis_document,
     check_config,
@@ -33,6 +34,7 @@ def analyze_command(
         typer.Option(help="A store file, directory or glob; repeat it to analyze a fleet."),
     ] = None,
     since: SinceOption = "7d",
+    until: UntilOption = None,
     output_format: Annotated[str, typer.Option("--format", help="json or text.")] = "json",
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
@@ -58,7 +60,7 @@ def analyze_command(
     if output_format not in ("json", "text"):
         raise BadInput(f"--format: expected json or text, got {output_format!r}")
     source = prometheus_options.source(store)
-    doc = analysis_document(store, since, wait, config, source)
+    doc = analysis_document(store, since, wait, config, source, until)
     typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
 
 
@@ -69,11 +71,13 @@ def report_command(
         typer.Option(help="A store file, directory or glob; repeat it to report on a fleet."),
     ] = None,
     since: SinceOption = "7d",
+    until: UntilOption = None,
     out: Annotated[
         list[Path] | None,
         typer.Option(
-            help="Write to FILE: .html (self-contained), .md or .json (the contract). Repeat it "
-            "for several formats from one analysis."
+            help="Write to FILE: .html (self-contained), .md, .json (the contract) or .csv (one "
+            "row per GPU, and findings.csv beside it). Repeat it for several formats from one "
+            "analysis."
         ),
     ] = None,
     wait: WaitOption = 10.0,
@@ -90,6 +94,7 @@ def report_command(
       aiscope report --store /var/lib/aiscope
       aiscope report --store 'fleet/*.duckdb' --out report.html
       aiscope report --store fleet/ --since 24h --out today.md
+      aiscope report --store fleet/ --since 2026-11-01 --until 2026-11-08 --out week.csv
       aiscope report --store s3://telemetry/aiscope --out a.html --out a.md --out a.json
       aiscope report --prometheus http://prometheus:9090 --out report.html
       aiscope report --prometheus https://thanos:10902 --prometheus-ca-file ca.pem \\
@@ -101,7 +106,7 @@ def report_command(
     for target in out or []:
         check_out(target)  # before the analysis, which can take a while
         _check_out_writable(target)  # and before any file: not one written, one refused
-    doc = analysis_document(store, since, wait, config, source)
+    doc = analysis_document(store, since, wait, config, source, until)
     if source is None:
         attach_plan(doc, store, wait, config)
     if not out:
@@ -115,6 +120,8 @@ def report_command(
         except OSError as exc:
             raise Failure(f"--out {target}: cannot write ({exc.strerror})") from exc
         typer.echo(f"wrote {target}")
+        if target.suffix.lower() == ".csv":
+            typer.echo(f"wrote {target.with_name('findings.csv')}")
 
 
 def _check_out_writable(target: Path) -> None:
@@ -139,6 +146,7 @@ def job_command(
         str | None,
         typer.Option(help="Analysis window ending at the newest sample (default: 7d, or the job)."),
     ] = None,
+    until: UntilOption = None,
     output_format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
@@ -184,7 +192,9 @@ def job_command(
         raise BadInput(f"--format: expected text or json, got {output_format!r}")
     if not job_id.strip():
         raise BadInput("ID: empty (give a Slurm job id, a pod NAMESPACE/NAME or UID, or a unit)")
-    doc = _job_document(job_id, store, since, wait, config, slurm, ended, node, allocated_gpus)
+    doc = _job_document(
+        job_id, store, since, wait, config, slurm, ended, node, allocated_gpus, until
+    )
     typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_job(doc))
 
 
@@ -198,6 +208,7 @@ def _job_document(
     ended: bool,
     node: str | None,
     allocated_gpus: str | None,
+    until: str | None = None,
 ) -> dict[str, Any]:
     """The job's summary from the stores, else (a Slurm id no store has) from its AdminComment."""
     from aiscope.slurm import looks_like_slurm_id, read_summary  # noqa: PLC0415
@@ -223,6 +234,7 @@ def _job_document(
                 ended,
                 allocated,
                 accounting_from_file(config),
+                until=until,
             )
             update(1.0)
         return doc

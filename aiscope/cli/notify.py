@@ -10,6 +10,7 @@ import typer
 
 from aiscope.cli.common import (
     SinceOption,
+    UntilOption,
     WaitOption,
     analysis_document,
     default_stores,
@@ -23,6 +24,7 @@ def notify_command(
         typer.Option(help="A store file, directory or glob; repeat it for a fleet."),
     ] = None,
     since: SinceOption = "7d",
+    until: UntilOption = None,
     config: Annotated[
         Path | None,
         typer.Option(help="TOML file with the [notify] table (and [thresholds]).", exists=False),
@@ -66,7 +68,7 @@ def notify_command(
 
     cfg = notify.load_config(notify_config or config)
     stores = store or default_stores()
-    doc = analysis_document(stores, since, wait, config)
+    doc = analysis_document(stores, since, wait, config, until=until)
     users = {h.tenant: h.user for h in holdings(inputs(stores), wait).holdings if h.user}
     notify.run(
         cfg,
