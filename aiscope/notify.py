@@ -250,11 +250,28 @@ def _owners(t: dict[str, Any], where: str) -> dict[str, str]:
 # -- messages ------------------------------------------------------------------------------------
 
 
-def weekly_mail(cfg: NotifyConfig, doc: dict[str, Any], text: str, html: str) -> EmailMessage:
-    """The weekly report: the text form, with the HTML page as the preferred alternative."""
+#: What the weekly mail attaches, by table (:mod:`report.export`): the forms refer to these
+#: for the rows their tables leave out (a mail said "see the JSON" and attached none).
+MAIL_ATTACHMENTS = {"gpus": "gpus.csv", "findings": "findings.csv"}
+
+#: The weekly report as mailed: its text form, its HTML page, and the attachments (name, CSV).
+ReportForms = tuple[str, str, tuple[tuple[str, str], ...]]
+
+
+def weekly_mail(
+    cfg: NotifyConfig,
+    doc: dict[str, Any],
+    text: str,
+    html: str,
+    attachments: tuple[tuple[str, str], ...] = (),
+) -> EmailMessage:
+    """The weekly report: the text form, with the HTML page as the preferred alternative, and
+    the ``attachments`` (name, CSV text) the two forms refer to."""
     msg = _message(cfg, list(cfg.to), f"aiscope weekly report: {headline(doc)}")
     msg.set_content(text)
     msg.add_alternative(html, subtype="html")
+    for name, content in attachments:
+        msg.add_attachment(content.encode("utf-8"), "text", "csv", filename=name)
     return msg
 
 
@@ -436,7 +453,7 @@ def plan(
     cfg: NotifyConfig,
     doc: dict[str, Any],
     fresh: list[Notice],
-    report: tuple[str, str] | None,
+    report: ReportForms | None,
 ) -> Outbox:
     """The messages for ``doc`` (``report``: its text and HTML forms, when the weekly report is
     sent) and the notices not told before, grouped by where they go."""
@@ -503,6 +520,9 @@ def dry_run(box: Outbox, say: Callable[[str], None]) -> None:
         say(
             f"would mail the weekly report to {box.report_mail['To']}: {box.report_mail['Subject']}"
         )
+        files = [part.get_filename() for part in box.report_mail.iter_attachments()]
+        if files:
+            say(f"  attached: {', '.join(str(f) for f in files)}")
     for what, payload in box.posts:
         say(f"would post {what} to the webhook: {payload['text'].splitlines()[0]}")
     for to, owner, notices in box.notices:
@@ -606,13 +626,17 @@ def run(
         say("nothing to send")
 
 
-def _report_forms(doc: dict[str, Any]) -> tuple[str, str]:
-    """The report's text form (plain, 100 columns) and its HTML page."""
+def _report_forms(doc: dict[str, Any]) -> ReportForms:
+    """The report's text form (plain, 100 columns), its HTML page, and the CSV tables both
+    refer to (:data:`MAIL_ATTACHMENTS`)."""
     import io  # noqa: PLC0415
 
+    from report.export import render as render_csv  # noqa: PLC0415
     from report.html import render as render_html  # noqa: PLC0415
     from report.text import render as render_text  # noqa: PLC0415
 
     buffer = io.StringIO()
-    render_text(doc, file=buffer, width=100)
-    return buffer.getvalue(), render_html(doc)
+    render_text(doc, file=buffer, width=100, attached=MAIL_ATTACHMENTS)
+    gpus, findings = render_csv(doc)
+    files = ((MAIL_ATTACHMENTS["gpus"], gpus), (MAIL_ATTACHMENTS["findings"], findings))
+    return buffer.getvalue(), render_html(doc, attached=MAIL_ATTACHMENTS), files

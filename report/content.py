@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,6 +252,16 @@ def recommendation_fields(r: dict[str, Any]) -> list[str]:
         f"needed; risk: {effect.get('risk', 'n/a')}; confidence {r['confidence']:.0%}"
     )
     return out
+
+
+def rest_where(
+    attached: Mapping[str, str] | None, table: str, default: str = "see the JSON"
+) -> str:
+    """Where the rows a table leaves out are: the attached file that holds all of ``table``
+    (a mail's ``findings.csv``), else ``default`` (a report written beside its JSON)."""
+    if attached and table in attached:
+        return f"all of them in the attached {attached[table]}"
+    return default
 
 
 def finding_summary(f: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ requests, readable offline, in print and by mail clients that strip scripts."""
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from importlib.metadata import version
 from typing import Any
 
@@ -25,6 +26,7 @@ from report.content import (
     priced,
     rec_text,
     recommendation_fields,
+    rest_where,
     service_name,
     span,
     starved_by_cause,
@@ -69,17 +71,20 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def render(doc: dict[str, Any]) -> str:
+def render(doc: dict[str, Any], attached: Mapping[str, str] | None = None) -> str:
+    """The page. ``attached`` names the files sent with it (``findings``, ``gpus``: a mail's
+    CSV attachments), so a table cut at ``TOP_N`` rows says where the rest is; without it, the
+    rest is in the JSON (``report --out report.json``)."""
     body = [
-        _header(doc),
+        _header(doc, attached),
         _headline(doc),
         _timeline(doc),
         _real(doc),
-        _findings(doc),
+        _findings(doc, rest_where(attached, "findings")),
         _recommendations(doc),
         outlook.html_section(doc["plan"]) if outlook.has_outlook(doc.get("plan")) else "",
         _owners(doc),
-        _detail(doc),
+        _detail(doc, rest_where(attached, "gpus")),
         _coverage(doc),
     ]
     return (
@@ -90,7 +95,7 @@ def render(doc: dict[str, Any]) -> str:
     )
 
 
-def _header(doc: dict[str, Any]) -> str:
+def _header(doc: dict[str, Any], attached: Mapping[str, str] | None = None) -> str:
     links = [
         ("headline", "Headline"),
         ("timeline", "Timeline"),
@@ -106,8 +111,17 @@ def _header(doc: dict[str, Any]) -> str:
     return (
         '<header class="top"><h1>What the GPUs really did</h1>'
         f'<p class="meta">aiscope {_e(version("aiscope"))} weekly report, {_e(window(doc))} (UTC), '
-        f'{len(doc["stores"])} store(s)</p><nav aria-label="Sections">{nav}</nav></header>'
+        f"{len(doc['stores'])} store(s)</p>{_attached(attached)}"
+        f'<nav aria-label="Sections">{nav}</nav></header>'
     )
+
+
+def _attached(attached: Mapping[str, str] | None) -> str:
+    if not attached:
+        return ""
+    what = {"gpus": "one row per GPU", "findings": "one row per finding"}
+    files = ", ".join(f"{_e(name)} ({what.get(key, key)})" for key, name in attached.items())
+    return f'<p class="meta">Attached: {files}.</p>'
 
 
 def _headline(doc: dict[str, Any]) -> str:
@@ -212,7 +226,7 @@ def _p(v: float | None) -> str:
     return "not reported" if v is None else f"{v:.0%}"
 
 
-def _findings(doc: dict[str, Any]) -> str:
+def _findings(doc: dict[str, Any], rest: str = "see the JSON") -> str:
     parts = ['<section id="findings"><h2>Findings</h2>']
     causes = starved_by_cause(doc)
     parts.append("<h3>Starved accelerators</h3>")
@@ -263,7 +277,7 @@ def _findings(doc: dict[str, Any]) -> str:
             + "</tbody></table>"
         )
         if len(rows) > TOP_N:
-            parts.append(f'<p class="muted">... and {len(rows) - TOP_N} more (see the JSON).</p>')
+            parts.append(f'<p class="muted">... and {len(rows) - TOP_N} more ({_e(rest)}).</p>')
     parts.append("</section>")
     return "".join(parts)
 
@@ -333,7 +347,7 @@ def _recommendation_chart(r: dict[str, Any]) -> str:
     return ""
 
 
-def _detail(doc: dict[str, Any]) -> str:
+def _detail(doc: dict[str, Any], rest: str = "see the JSON") -> str:
     """A node table whose names link to that node's GPUs below (large fleets: the GPU table is
     cut at ``TOP_N * 8`` rows, the rest counted)."""
     nodes = doc["summary"]["nodes_detail"]
@@ -376,7 +390,7 @@ def _detail(doc: dict[str, Any]) -> str:
         '<section id="detail"><h2>Per node and per GPU</h2>'
         f"<table><thead><tr>{head}</tr></thead><tbody>{node_rows}</tbody></table>"
         f"<table><thead><tr>{gpu_head}</tr></thead><tbody>{''.join(gpu_rows)}</tbody></table>"
-        + (f'<p class="muted">... and {more} more GPUs (see the JSON).</p>' if more > 0 else "")
+        + (f'<p class="muted">... and {more} more GPUs ({_e(rest)}).</p>' if more > 0 else "")
         + "</section>"
     )
 
