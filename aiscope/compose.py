@@ -89,14 +89,15 @@ def build_agent(
         store=store,
         deadline_seconds=config.nvml_deadline,
     )
-    collector = AgentCollector(sampler.snapshot, store.stats, __version__)
+    pods = _pod_directory(config)
+    lookup = pods.lookup if pods is not None else None  # namespace/pod/container labels
+    collector = AgentCollector(sampler.snapshot, store.stats, __version__, lookup)
     sink = AnalysisSink(config.analysis_window)
     collectors: list[Any] = [collector, sink]
     if config.dcgm_compat:
-        collectors.append(DcgmCompatCollector(sampler.snapshot))
+        collectors.append(DcgmCompatCollector(sampler.snapshot, lookup))
     analysis = TrailingAnalysis(store, config.analysis_window, thresholds or Thresholds(), sink)
     jobs: list[tuple[str, Any, float]] = [("analysis", analysis.run, config.analysis_interval)]
-    pods = _pod_directory(config)
     if pods is not None:
         collectors.append(PodInfoCollector(config.node, pods.snapshot))
         jobs.append(("pods", lambda: store.add(pods.refresh()), POD_REFRESH_SECONDS))
