@@ -601,15 +601,17 @@ def run(
     dry: bool,
     wait_seconds: float,
     say: Callable[[str], None],
+    tz: str | None = None,
 ) -> None:
-    """One ``aiscope notify``: choose, plan, then send (or print, with ``dry``)."""
+    """One ``aiscope notify``: choose, plan, then send (or print, with ``dry``); ``tz`` is the
+    zone the mailed report shows times in."""
     from analyzer.notices import choose, told  # noqa: PLC0415
 
     notices = choose(doc, users, cfg.rules) if send_notices else []
     sent = sent_before(state, wait_seconds) if notices else []
     fresh = [n for n in notices if not told(n, sent)]
     again = [n for n in notices if told(n, sent)]
-    report = _report_forms(doc) if send_report else None
+    report = _report_forms(doc, tz) if send_report else None
     box = plan(cfg, doc, fresh, report)
     if again:
         say(f"{len(again)} finding(s) told before: not sent again")
@@ -626,17 +628,19 @@ def run(
         say("nothing to send")
 
 
-def _report_forms(doc: dict[str, Any]) -> ReportForms:
-    """The report's text form (plain, 100 columns), its HTML page, and the CSV tables both
-    refer to (:data:`MAIL_ATTACHMENTS`)."""
+def _report_forms(doc: dict[str, Any], tz: str | None = None) -> ReportForms:
+    """The report's text form (plain, 100 columns), its HTML page (times in ``tz``), and the
+    CSV tables both refer to (:data:`MAIL_ATTACHMENTS`, in UTC as the JSON)."""
     import io  # noqa: PLC0415
 
+    from report.content import in_zone  # noqa: PLC0415
     from report.export import render as render_csv  # noqa: PLC0415
     from report.html import render as render_html  # noqa: PLC0415
     from report.text import render as render_text  # noqa: PLC0415
 
     buffer = io.StringIO()
-    render_text(doc, file=buffer, width=100, attached=MAIL_ATTACHMENTS)
+    human = in_zone(doc, tz)
+    render_text(human, file=buffer, width=100, attached=MAIL_ATTACHMENTS)
     gpus, findings = render_csv(doc)
     files = ((MAIL_ATTACHMENTS["gpus"], gpus), (MAIL_ATTACHMENTS["findings"], findings))
-    return buffer.getvalue(), render_html(doc, attached=MAIL_ATTACHMENTS), files
+    return buffer.getvalue(), render_html(human, attached=MAIL_ATTACHMENTS), files

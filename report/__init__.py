@@ -40,10 +40,15 @@ def check_out(out: Path) -> str:
     return suffix
 
 
-def write(doc: dict[str, Any], out: Path) -> Path:
+def write(doc: dict[str, Any], out: Path, tz: str | None = None) -> Path:
     """Write the report in the form ``out``'s suffix names (``.csv``: the per-GPU table, and
-    ``findings.csv`` beside it)."""
+    ``findings.csv`` beside it); ``tz`` (``--tz``) is the zone the HTML and Markdown show
+    times in (the JSON and the CSV stay in UTC, as the contract)."""
     suffix = check_out(out)
+    if suffix in (".html", ".md"):
+        from report.content import in_zone  # noqa: PLC0415
+
+        doc = in_zone(doc, tz)
     if suffix == ".csv":
         from report.export import findings_path  # noqa: PLC0415
         from report.export import render as render_csv  # noqa: PLC0415

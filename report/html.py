@@ -35,6 +35,7 @@ from report.content import (
     top_actions,
     waste_lines,
     window,
+    zone_name,
 )
 
 CSS = """
@@ -110,7 +111,8 @@ def _header(doc: dict[str, Any], attached: Mapping[str, str] | None = None) -> s
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in links)
     return (
         '<header class="top"><h1>What the GPUs really did</h1>'
-        f'<p class="meta">aiscope {_e(version("aiscope"))} weekly report, {_e(window(doc))} (UTC), '
+        f'<p class="meta">aiscope {_e(version("aiscope"))} weekly report, {_e(window(doc))} '
+        f"({_e(zone_name(doc))}), "
         f"{len(doc['stores'])} store(s)</p>{_attached(attached)}"
         f'<nav aria-label="Sections">{nav}</nav></header>'
     )
@@ -185,7 +187,8 @@ def _timeline(doc: dict[str, Any]) -> str:
         svg.stacked_area(
             series,
             "GPUs by class over the window",
-            f"Stacked GPUs per hour by class, from {t.start:%Y-%m-%d %H:%M} UTC: {peaks}.",
+            f"Stacked GPUs per hour by class, from {t.start:%Y-%m-%d %H:%M} {zone_name(doc)}: "
+            f"{peaks}.",
             x_labels=timeline_labels(t),
         )
         if t.n

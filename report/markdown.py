@@ -17,6 +17,7 @@ from report.content import (
     owner_table,
     rec_text,
     recommendation_fields,
+    shown,
     starved_by_cause,
     timeline,
     top_actions,
@@ -139,8 +140,8 @@ def _findings(doc: dict[str, Any]) -> list[str]:
                     gpu_label(f, doc),
                     f"{f['gpu_hours_lost']:.1f}",
                     finding_summary(f),
-                    f["start"],
-                    f["end"],
+                    shown(f["start"], doc),
+                    shown(f["end"], doc),
                 ]
                 for f in rows[:TOP_N]
             ],

@@ -13,6 +13,7 @@ from aiscope.cli.common import (
     PrometheusOptions,
     SinceOption,
     ThresholdsOption,
+    TzOption,
     UntilOption,
     WaitOption,
     analysis_document,
@@ -36,6 +37,7 @@ def analyze_command(
     since: SinceOption = "7d",
     until: UntilOption = None,
     output_format: Annotated[str, typer.Option("--format", help="json or text.")] = "json",
+    tz: TzOption = None,
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
     prometheus_options: PrometheusOptions = NO_PROMETHEUS,
@@ -61,7 +63,12 @@ def analyze_command(
         raise BadInput(f"--format: expected json or text, got {output_format!r}")
     source = prometheus_options.source(store)
     doc = analysis_document(store, since, wait, config, source, until)
-    typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
+    if output_format == "json":  # the contract: UTC whatever --tz says
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    from report.content import in_zone  # noqa: PLC0415
+
+    typer.echo(render_text(in_zone(doc, tz)))
 
 
 @with_prometheus_options
@@ -80,6 +87,7 @@ def report_command(
             "analysis."
         ),
     ] = None,
+    tz: TzOption = None,
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
     prometheus_options: PrometheusOptions = NO_PROMETHEUS,
@@ -110,13 +118,14 @@ def report_command(
     if source is None:
         attach_plan(doc, store, wait, config)
     if not out:
+        from report.content import in_zone  # noqa: PLC0415
         from report.text import render  # noqa: PLC0415
 
-        render(doc)
+        render(in_zone(doc, tz))
         return
     for target in out:  # one analysis, every file written from it
         try:
-            write(doc, target)
+            write(doc, target, tz)
         except OSError as exc:
             raise Failure(f"--out {target}: cannot write ({exc.strerror})") from exc
         typer.echo(f"wrote {target}")
@@ -148,6 +157,7 @@ def job_command(
     ] = None,
     until: UntilOption = None,
     output_format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+    tz: TzOption = None,
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
     slurm: Annotated[
@@ -195,7 +205,12 @@ def job_command(
     doc = _job_document(
         job_id, store, since, wait, config, slurm, ended, node, allocated_gpus, until
     )
-    typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_job(doc))
+    if output_format == "json":  # aiscope.job/1: UTC whatever --tz says
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    from report.content import in_zone  # noqa: PLC0415
+
+    typer.echo(render_job(in_zone(doc, tz)))
 
 
 def _job_document(

@@ -54,6 +54,30 @@ UntilOption = Annotated[
 ]
 
 
+def zone_option(value: str | None) -> str | None:
+    """A ``--tz``: an IANA zone name, checked before any store is read."""
+    if value is not None:
+        from report.content import check_zone  # noqa: PLC0415
+
+        try:
+            check_zone(value)
+        except BadInput as exc:
+            raise typer.BadParameter(str(exc).removeprefix("--tz: ")) from None
+    return value
+
+
+#: ``--tz``: the zone the human views show times in (the JSON stays UTC).
+TzOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tz",
+        help="Show times in this zone (IANA name, e.g. Europe/Berlin; default UTC) in the text, "
+        "Markdown and HTML forms; the JSON and CSV stay in UTC.",
+        callback=zone_option,
+    ),
+]
+
+
 WaitOption = Annotated[
     float,
     typer.Option(help="Seconds to wait for an agent to release a store.", callback=seconds_option),

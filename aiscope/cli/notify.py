@@ -10,6 +10,7 @@ import typer
 
 from aiscope.cli.common import (
     SinceOption,
+    TzOption,
     UntilOption,
     WaitOption,
     analysis_document,
@@ -47,6 +48,7 @@ def notify_command(
         Path | None,
         typer.Option(help="TOML file with the [notify] table, when not --config (a secret)."),
     ] = None,
+    tz: TzOption = None,
     wait: WaitOption = 10.0,
 ) -> None:
     """Send the weekly report by email (HTML with the text form as the alternative) and to a
@@ -80,6 +82,7 @@ def notify_command(
         dry=dry_run,
         wait_seconds=wait,
         say=typer.echo,
+        tz=tz,
     )
 
 
