@@ -852,16 +852,22 @@ class History:
 
 @sf.reads_stores
 def history(
-    paths: Sequence[sf.Input], since_seconds: float | None, timeout: float = 10.0
+    paths: Sequence[sf.Input],
+    since_seconds: float | None,
+    timeout: float = 10.0,
+    until: float | None = None,
+    start_at: float | None = None,
 ) -> History:
-    """Hourly GPU demand over everything stored (or the last ``since_seconds``): raw samples,
+    """Hourly GPU demand over everything stored (or the last ``since_seconds``, or from
+    ``start_at``; up to ``until`` when given: ``--since TIME``, ``--until TIME``): raw samples,
     and before a GPU's first raw sample its minute rollups (kept far longer than raw)."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         # Node stores and published segments alike (the fleet alias's rollup stand-ins are
         # whole minutes before each node's first raw sample, so the fallback below adds none).
-        aliases = sf.attach_inputs(con, list(paths), timeout, since_seconds)
-        _history_minutes(con, aliases, since_seconds)
+        days = since_seconds if until is None and start_at is None else None
+        aliases = sf.attach_inputs(con, list(paths), timeout, days)
+        _history_minutes(con, aliases, since_seconds, until, start_at)
         row = con.execute("SELECT min(minute), max(minute) FROM minutes").fetchone()
         if row is None or row[1] is None:
             raise EmptyStore(f"{paths[0]}: the store has no GPU samples yet")
@@ -909,7 +915,11 @@ def history(
 
 
 def _history_minutes(
-    con: duckdb.DuckDBPyConnection, aliases: list[str], since_seconds: float | None
+    con: duckdb.DuckDBPyConnection,
+    aliases: list[str],
+    since_seconds: float | None,
+    until: float | None = None,
+    start_at: float | None = None,
 ) -> None:
     """The temp table ``minutes`` (node, uuid, idx, minute, util, mem, power): a GPU's raw
     samples by minute, and its rollup minutes from before its first raw sample."""
@@ -920,19 +930,22 @@ def _history_minutes(
         f"SELECT greatest((SELECT {BELIEVABLE_NEWEST} FROM g), (SELECT max(minute_ts) FROM r))",
         {"l": believable_limit(con, "SELECT ts FROM g")},
     ).fetchone()
-    start = -1.0
+    start, end = -1.0, float("inf") if until is None else until
     if since_seconds is not None and newest is not None and newest[0] is not None:
-        start = float(newest[0]) - since_seconds
+        start = min(float(newest[0]), end) - since_seconds
+    if start_at is not None:
+        start = start_at
     con.execute(
         "CREATE TEMP TABLE minutes AS WITH raw AS (SELECT node, uuid, min(gpu_index) AS idx, "
         "floor(ts / 60) * 60 AS minute, avg(utilization_gpu_ratio) AS util, "
         "avg(memory_used_bytes) AS mem, avg(power_watts) AS power FROM g "
-        "WHERE ts > $s AND up GROUP BY ALL), "
+        "WHERE ts > $s AND ts <= $e AND up GROUP BY ALL), "
         "firsts AS (SELECT node, uuid, min(minute) AS first FROM raw GROUP BY ALL) "
         "SELECT * FROM raw UNION ALL "
         "SELECT r.node, r.uuid, r.gpu_index, r.minute_ts, r.utilization_gpu_ratio_mean, "
         "r.memory_used_bytes_mean, r.power_watts_mean FROM r LEFT JOIN firsts f "
         "ON f.node = r.node AND f.uuid = r.uuid "
-        "WHERE r.minute_ts > $s AND (f.first IS NULL OR r.minute_ts < f.first)",
-        {"s": start},
+        "WHERE r.minute_ts > $s AND r.minute_ts <= $e "
+        "AND (f.first IS NULL OR r.minute_ts < f.first)",
+        {"s": start, "e": end},
     )

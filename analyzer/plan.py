@@ -41,6 +41,7 @@ from analyzer.load import History, InputError, history, inputs, load
 from analyzer.queue import Pending, read_pending
 from analyzer.recommendations.reservation import ReservationSettings
 from analyzer.thresholds import Thresholds
+from analyzer.window import looks_like_time, parse_time
 from store.storefile import Input
 
 SCHEMA = "aiscope.plan/1"
@@ -146,18 +147,23 @@ def plan(
     site: Site | None = None,
     classes: Mapping[str, str] | None = None,
     queue: Path | None = None,
+    until: str | None = None,
 ) -> dict[str, Any]:
     """The ``aiscope.plan/1`` document of the stores. ``classes`` (``uuid`` -> class over the
     newest week) saves classifying again when the caller has just analyzed that week; ``queue``
-    is a CSV of GPUs waiting (:mod:`analyzer.queue`)."""
+    is a CSV of GPUs waiting (:mod:`analyzer.queue`); ``since`` a DURATION or a TIME and
+    ``until`` a TIME bound the history read (:mod:`analyzer.window`)."""
     horizon_seconds = parse_horizon(horizon)
-    since_seconds = parse_horizon(since, "--since") if since else None
+    start_at = parse_time(since, "--since") if since and looks_like_time(since) else None
+    since_seconds = parse_horizon(since, "--since") if since and start_at is None else None
+    until_ts = parse_time(until, "--until") if until else None
     site = site or Site()
     pending = read_pending(queue, QUEUED_POOLS) if queue is not None else None
     paths = inputs(stores)
-    hist = history(paths, since_seconds, timeout)
+    hist = history(paths, since_seconds, timeout, until_ts, start_at)
     if classes is None:
-        data = load(paths, min(WEEK, hist.end - hist.start), timeout=timeout)
+        week = min(WEEK, hist.end - hist.start)
+        data = load(paths, week, timeout=timeout, until=until_ts)
         classes = {v.info.uuid: v.gpu_class for v in classify(data, thresholds)}
     past = _past_classes(paths, hist, thresholds, timeout)
     stores_read = [str(p) for p in paths]

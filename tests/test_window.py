@@ -205,3 +205,22 @@ def test_cli_names_a_store_left_out_on_stderr(tmp_path: Path, training_multinode
     done = run_aiscope("analyze", *args, "--since", "1d", "--format", "text")
     assert done.returncode == 0, done.stderr
     assert f"store {stores['gpu-node-01']}: last sample 3.0 days before" in done.stderr
+
+
+def test_plan_reads_the_history_the_window_names(training_multinode_store: Path) -> None:
+    """``plan --since TIME --until TIME`` bounds the history as analyze's window is bounded."""
+    from analyzer.plan import plan
+
+    newest = _newest(training_multinode_store)
+    fmt = "%Y-%m-%dT%H:%M"
+    until = dt.datetime.fromtimestamp(newest - 2 * 3600, dt.UTC).strftime(fmt)
+    since = dt.datetime.fromtimestamp(newest - 5 * 3600, dt.UTC).strftime(fmt)
+    whole = plan([str(training_multinode_store)])
+    bounded = plan([str(training_multinode_store)], since=since, until=until)
+    start, end = (_epoch(bounded["history"][k]) for k in ("start", "end"))
+    assert _epoch(since + "Z") - 3600 <= start <= _epoch(since + "Z")  # whole hours
+    assert _epoch(until + "Z") <= end <= _epoch(until + "Z") + 3600
+    assert end < _epoch(whole["history"]["end"]) and start > _epoch(whole["history"]["start"])
+    short = plan([str(training_multinode_store)], since="1h30m", until=until)
+    assert _epoch(short["history"]["end"]) == end
+    assert end - _epoch(short["history"]["start"]) <= 3 * 3600

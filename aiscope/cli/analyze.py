@@ -116,7 +116,7 @@ def report_command(
         _check_out_writable(target)  # and before any file: not one written, one refused
     doc = analysis_document(store, since, wait, config, source, until)
     if source is None:
-        attach_plan(doc, store, wait, config)
+        attach_plan(doc, store, wait, config, until)
     if not out:
         from report.content import in_zone  # noqa: PLC0415
         from report.text import render  # noqa: PLC0415
