@@ -346,8 +346,11 @@ def _reach(
     limit = {"l": believable_limit(con, "SELECT ts FROM g")}
     newest: list[tuple[str, float | None]] = []
     for path, alias in zip(paths, aliases[: len(paths)], strict=True):  # then the fleet alias
+        # A node store as attached (``r_…``), not its view: the view leaves out the rows its
+        # node's published segments already hold, and a store read beside them is not empty.
+        source = f"r_{alias}" if isinstance(path, Path) else alias
         row = con.execute(
-            f"SELECT max(ts) FROM {alias}.{sf.GPU_SAMPLES} WHERE ts <= $l", limit
+            f"SELECT max(ts) FROM {source}.{sf.GPU_SAMPLES} WHERE ts <= $l", limit
         ).fetchone()
         newest.append((str(path), None if row is None or row[0] is None else float(row[0])))
     nodes: dict[str, tuple[float, tuple[tuple[int, str], ...]]] = {}
