@@ -23,6 +23,8 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _ORDER = "wdhms"  # a compound duration names its units largest first, each once
 DURATION_HELP = "a duration like 90s, 15m, 24h, 7d, 12w or 1d12h"
+#: The window the reading commands default to (the contract's ``7d``).
+DEFAULT_SINCE = "7d"
 TIME_HELP = "a time like 2026-11-01 or 2026-11-08T12:00 (ISO 8601, UTC unless an offset is given)"
 
 

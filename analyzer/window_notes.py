@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from analyzer.load import FleetData
-from analyzer.window import Window
+from analyzer.window import DEFAULT_SINCE, Window
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,9 @@ DAY = 86400.0
 
 def window_coverage(data: FleetData, asked: Window, since: str) -> dict[str, Any]:
     """``summary.coverage``'s window keys: each input's newest sample against the window, and
-    the notes (each also logged once as a warning, on stderr)."""
+    the notes (each also logged once as a warning, on stderr; except a short data note under
+    the default ``--since 7d``, which no one asked for: every store younger than a week would
+    otherwise add a line to every command's stderr, errors included)."""
     stores: list[dict[str, Any]] = []
     notes: list[str] = []
     reach = data.reach
@@ -38,11 +40,13 @@ def window_coverage(data: FleetData, asked: Window, since: str) -> dict[str, Any
         )
         if outside:
             notes.append(_left_out(name, newest, data.window_end))
+    for note in notes:
+        log.warning("%s", note)
     short = _short_note(data, asked, since)
     if short:
         notes.append(short)
-    for note in notes:
-        log.warning("%s", note)
+        if since.strip() != DEFAULT_SINCE:
+            log.warning("%s", short)
     return {"window_notes": notes, "stores": stores}
 
 

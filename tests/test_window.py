@@ -224,3 +224,13 @@ def test_plan_reads_the_history_the_window_names(training_multinode_store: Path)
     short = plan([str(training_multinode_store)], since="1h30m", until=until)
     assert _epoch(short["history"]["end"]) == end
     assert end - _epoch(short["history"]["start"]) <= 3 * 3600
+
+
+def test_the_default_window_notes_short_data_in_coverage_only(training_multinode_store, caplog):
+    """Under the default 7d, 0.3 days of data is said in coverage, not on stderr (where every
+    command on a young store would print it, errors' one line included)."""
+    with caplog.at_level(logging.WARNING):
+        doc = analyze([str(training_multinode_store)], since="7d")
+    (note,) = doc["summary"]["coverage"]["window_notes"]
+    assert note.startswith("--since 7d: the data covers 7.")
+    assert note not in caplog.text
