@@ -89,7 +89,7 @@ def test_text_golden_is_plain_when_piped(doc: dict) -> None:
 
 
 def test_unknown_suffix_is_refused(doc: dict, tmp_path: Path) -> None:
-    with pytest.raises(ReportError, match=r"use \.html, \.md or \.json"):
+    with pytest.raises(ReportError, match=r"use \.html, \.md, \.json or \.csv"):
         write(doc, tmp_path / "report.pdf")
     assert not list(tmp_path.iterdir())
 
