@@ -16,7 +16,7 @@ import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -30,9 +30,20 @@ from store.errors import Failure
 from store.schema import Device, GpuAnalysis, GpuSample
 from store.vocabulary import DCGM_GAUGES, DCGM_LABELS
 
+if TYPE_CHECKING:
+    from agent.k8s import PodName
+
 #: A MIG instance's GPU-instance id and profile, under dcgm-exporter's label names so that
 #: dashboards written for it join; empty (no label) on a whole GPU.
 MIG_LABELS = ("GPU_I_ID", "GPU_I_PROFILE")
+#: Who holds the GPU in Kubernetes, under dcgm-exporter's names (its pod mapping), so that
+#: dashboards written for it filter by namespace: on a GPU series only when the agent knows
+#: them (a pod's name from the API server, :mod:`agent.k8s`), as dcgm-exporter writes them
+#: only for GPUs allocated to a pod. Bounded: each is the sorted, comma-joined set of the pods
+#: holding the GPU at the last tick (one value on an unshared GPU; a time-sliced GPU's few).
+K8S_LABELS = ("namespace", "pod", "container")
+#: Labels left off a series when empty (an empty label is no label to Prometheus).
+OPTIONAL_LABELS = (*MIG_LABELS, *K8S_LABELS)
 GPU_LABELS = (
     "node",
     "gpu",
@@ -42,6 +53,7 @@ GPU_LABELS = (
     "container_id",
     "slurm_job_id",
     *MIG_LABELS,
+    *K8S_LABELS,
 )
 #: Attribution fields on per-process series, in label order; the first two are the identity
 #: labels ``identity_labels = false`` drops.
@@ -49,7 +61,10 @@ PROCESS_FIELDS = ("comm", "user", "slurm_job_id", "k8s_pod_uid", "container_id",
 #: A field's label name where it differs.
 PROCESS_LABELS = {"k8s_pod_uid": "pod_uid"}
 #: dcgm-exporter's labels; on a MIG instance ``gpu`` and ``UUID`` are its parent's, as there.
-DCGM_SERIES_LABELS = (*DCGM_LABELS, *MIG_LABELS)
+DCGM_SERIES_LABELS = (*DCGM_LABELS, *MIG_LABELS, *K8S_LABELS)
+
+#: The pod of a UID, when known (:meth:`agent.k8s.PodDirectory.lookup`).
+PodLookup = Callable[[str], "PodName | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +193,11 @@ CLOCK_EVENT_REASONS = (
 
 
 def _gpu_labels(
-    node: str, sample: GpuSample, device: Device | None, procs: list[GpuProcess]
+    node: str,
+    sample: GpuSample,
+    device: Device | None,
+    procs: list[GpuProcess],
+    pods: PodLookup | None = None,
 ) -> list[str]:
     def joined(attr: str) -> str:
         values = {getattr(p.attribution, attr) for p in procs if p.attribution}
@@ -193,16 +212,30 @@ def _gpu_labels(
         joined("container_id"),
         joined("slurm_job_id"),
         *_mig_values(device),
+        *_k8s_values(procs, pods),
     ]
 
 
+def _k8s_values(procs: list[GpuProcess], pods: PodLookup | None) -> list[str]:
+    """``namespace``, ``pod`` and ``container`` of the pods holding the GPU, each the sorted,
+    comma-joined set; empty where the agent does not know the pod's name."""
+    found: list[tuple[str, str, str]] = []
+    for p in procs:
+        uid = p.attribution.k8s_pod_uid if p.attribution else None
+        pod = pods(uid) if pods is not None and uid else None
+        if pod is not None and p.attribution is not None:
+            found.append((pod.namespace, pod.name, pod.container(p.attribution.container_id) or ""))
+    return [",".join(sorted({f[i] for f in found if f[i]})) for i in range(3)]
+
+
 def _mig_labels_only_on_mig(family: Metric) -> Metric:
-    """Drop the empty ``GPU_I_ID``/``GPU_I_PROFILE`` of whole GPUs, as dcgm-exporter writes
-    them only on MIG series (an empty label is no label to Prometheus; this keeps the text the
-    same as before MIG for a node without it)."""
+    """Drop the empty optional labels (:data:`OPTIONAL_LABELS`): ``GPU_I_ID``/``GPU_I_PROFILE``
+    of whole GPUs, as dcgm-exporter writes them only on MIG series, and ``namespace``/``pod``/
+    ``container`` of GPUs no known pod holds (an empty label is no label to Prometheus; this
+    keeps the text the same as before for a node without MIG or pods)."""
     for i, sample in enumerate(family.samples):
-        if any(sample.labels.get(k) == "" for k in MIG_LABELS):
-            kept = {k: v for k, v in sample.labels.items() if v or k not in MIG_LABELS}
+        if any(sample.labels.get(k) == "" for k in OPTIONAL_LABELS):
+            kept = {k: v for k, v in sample.labels.items() if v or k not in OPTIONAL_LABELS}
             family.samples[i] = sample._replace(labels=kept)
     return family
 
@@ -224,6 +257,7 @@ class AgentCollector(Collector):
         store_stats: Callable[[], StoreStats],
         version: str,
         identity_labels: bool = True,
+        pods: PodLookup | None = None,
     ) -> None:
         self._snapshot = snapshot
         self._store_stats = store_stats
@@ -231,6 +265,7 @@ class AgentCollector(Collector):
         #: Without them (``identity_labels = false``), per-process series carry no ``user``
         #: and ``comm``: who ran what stays in the store, out of a shared Prometheus.
         self._process_fields = PROCESS_FIELDS if identity_labels else PROCESS_FIELDS[2:]
+        self._pods = pods  # pod names for the namespace/pod/container labels, when known
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
@@ -253,7 +288,9 @@ class AgentCollector(Collector):
         for p in snap.processes:
             procs.setdefault(p.uuid, []).append(p)
         labels = {
-            s.uuid: _gpu_labels(snap.node, s, devices.get(s.uuid), procs.get(s.uuid, []))
+            s.uuid: _gpu_labels(
+                snap.node, s, devices.get(s.uuid), procs.get(s.uuid, []), self._pods
+            )
             for s in snap.gpus
         }
         up = GaugeMetricFamily(
@@ -532,16 +569,21 @@ class DcgmCompatCollector(Collector):
     ``_total`` to a counter's name, and the point of these series is dcgm-exporter's exact names.
     A value that was not reported is not exported, as for the native series."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], pods: PodLookup | None = None) -> None:
         self._snapshot = snapshot
+        self._pods = pods
 
     def collect(self) -> Iterator[Metric]:
         yield from map(_mig_labels_only_on_mig, self._families())
 
-    def _families(self) -> Iterator[Metric]:
-        snap = self._snapshot()
-        devices = {d.uuid: d for d in snap.devices}
-        labels = {}
+    def _labels(
+        self, snap: Snapshot, devices: dict[str, Device]
+    ) -> tuple[dict[str, list[str]], set[str]]:
+        """Each GPU's label values (:data:`DCGM_SERIES_LABELS`), and the MIG instances."""
+        procs: dict[str, list[GpuProcess]] = {}
+        for p in snap.processes:
+            procs.setdefault(p.uuid, []).append(p)
+        labels: dict[str, list[str]] = {}
         mig: set[str] = set()
         for sample in snap.gpus:
             device = devices.get(sample.uuid)
@@ -556,7 +598,14 @@ class DcgmCompatCollector(Collector):
                 snap.node,
                 (device.driver_version if device and device.driver_version else ""),
                 *_mig_values(device),
+                *_k8s_values(procs.get(sample.uuid, []), self._pods),
             ]
+        return labels, mig
+
+    def _families(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        devices = {d.uuid: d for d in snap.devices}
+        labels, mig = self._labels(snap, devices)
         for field, name, scale, doc in DCGM_GAUGES:
             family = GaugeMetricFamily(name, doc, labels=list(DCGM_SERIES_LABELS))
             for sample in snap.gpus:

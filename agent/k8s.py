@@ -73,6 +73,13 @@ class PodName:
     priority_class: str | None = None
     #: The ``pod-template-hash`` label (not stored: it names the ReplicaSet's Deployment).
     template_hash: str | None = None
+    #: (container id, container name) of its containers, from ``status.containerStatuses``
+    #: (the id without its ``containerd://`` prefix, as attribution reads it from the cgroup).
+    containers: tuple[tuple[str, str], ...] = ()
+
+    def container(self, container_id: str | None) -> str | None:
+        """The name of the container ``container_id`` (``None``: not one of this pod's)."""
+        return next((name for cid, name in self.containers if cid == container_id), None)
 
 
 class PodDirectoryError(AiscopeError, RuntimeError):
@@ -301,4 +308,22 @@ def _pod_name(item: dict[str, Any], uid: str, namespace: str, name: str) -> PodN
         labels=tuple(sorted((k, redact_text(v)) for k, v in kept.items())),
         priority_class=priority if isinstance(priority, str) else None,
         template_hash=template_hash if isinstance(template_hash, str) else None,
+        containers=_containers(item),
     )
+
+
+def _containers(item: dict[str, object]) -> tuple[tuple[str, str], ...]:
+    """(id, name) of a pod's running or terminated containers (init containers too): the id
+    as ``containerd://3f2a…`` becomes ``3f2a…``; a container not started yet has no id."""
+    status = item.get("status")
+    if not isinstance(status, dict):
+        return ()
+    out = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        entries = status.get(key)
+        for entry in entries if isinstance(entries, list) else ():
+            cid = entry.get("containerID") if isinstance(entry, dict) else None
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if isinstance(cid, str) and isinstance(name, str) and cid:
+                out.append((cid.rsplit("://", 1)[-1], name))
+    return tuple(out)

@@ -96,17 +96,22 @@ def build_agent(
         clock=clock,
         deadline_seconds=config.nvml_deadline,
     )
+    pods = _pod_directory(config)
+    lookup = pods.lookup if pods is not None else None  # namespace/pod/container labels
     collector = AgentCollector(
-        sampler.snapshot, store.stats, __version__, identity_labels=config.identity_labels
+        sampler.snapshot,
+        store.stats,
+        __version__,
+        identity_labels=config.identity_labels,
+        pods=lookup,
     )
     sink = AnalysisSink(config.analysis_window)
     skips = Skips()
     collectors: list[Any] = [collector, sink, SkipsCollector(config.node, skips.totals)]
     if config.dcgm_compat:
-        collectors.append(DcgmCompatCollector(sampler.snapshot))
+        collectors.append(DcgmCompatCollector(sampler.snapshot, lookup))
     analysis = TrailingAnalysis(store, config.analysis_window, thresholds or Thresholds(), sink)
     jobs: list[tuple[str, Any, float]] = [("analysis", analysis.run, config.analysis_interval)]
-    pods = _pod_directory(config)
     if pods is not None:
         collectors.append(PodInfoCollector(config.node, pods.snapshot))
         jobs.append(

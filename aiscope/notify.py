@@ -252,11 +252,28 @@ def _owners(t: dict[str, Any], where: str) -> dict[str, str]:
 # -- messages ------------------------------------------------------------------------------------
 
 
-def weekly_mail(cfg: NotifyConfig, doc: dict[str, Any], text: str, html: str) -> EmailMessage:
-    """The weekly report: the text form, with the HTML page as the preferred alternative."""
+#: What the weekly mail attaches, by table (:mod:`report.export`): the forms refer to these
+#: for the rows their tables leave out (a mail said "see the JSON" and attached none).
+MAIL_ATTACHMENTS = {"gpus": "gpus.csv", "findings": "findings.csv"}
+
+#: The weekly report as mailed: its text form, its HTML page, and the attachments (name, CSV).
+ReportForms = tuple[str, str, tuple[tuple[str, str], ...]]
+
+
+def weekly_mail(
+    cfg: NotifyConfig,
+    doc: dict[str, Any],
+    text: str,
+    html: str,
+    attachments: tuple[tuple[str, str], ...] = (),
+) -> EmailMessage:
+    """The weekly report: the text form, with the HTML page as the preferred alternative, and
+    the ``attachments`` (name, CSV text) the two forms refer to."""
     msg = _message(cfg, list(cfg.to), f"aiscope weekly report: {headline(doc)}")
     msg.set_content(text)
     msg.add_alternative(html, subtype="html")
+    for name, content in attachments:
+        msg.add_attachment(content.encode("utf-8"), "text", "csv", filename=name)
     return msg
 
 
@@ -466,7 +483,7 @@ def plan(
     cfg: NotifyConfig,
     doc: dict[str, Any],
     fresh: list[Notice],
-    report: tuple[str, str] | None,
+    report: ReportForms | None,
 ) -> Outbox:
     """The messages for ``doc`` (``report``: its text and HTML forms, when the weekly report is
     sent) and the notices not told before, grouped by where they go."""
@@ -533,6 +550,9 @@ def dry_run(box: Outbox, say: Callable[[str], None]) -> None:
         say(
             f"would mail the weekly report to {box.report_mail['To']}: {box.report_mail['Subject']}"
         )
+        files = [part.get_filename() for part in box.report_mail.iter_attachments()]
+        if files:
+            say(f"  attached: {', '.join(str(f) for f in files)}")
     for what, payload in box.posts:
         say(f"would post {what} to the webhook: {payload['text'].splitlines()[0]}")
     for to, owner, notices in box.notices:
@@ -611,15 +631,17 @@ def run(
     dry: bool,
     wait_seconds: float,
     say: Callable[[str], None],
+    tz: str | None = None,
 ) -> None:
-    """One ``aiscope notify``: choose, plan, then send (or print, with ``dry``)."""
+    """One ``aiscope notify``: choose, plan, then send (or print, with ``dry``); ``tz`` is the
+    zone the mailed report shows times in."""
     from analyzer.notices import choose, told  # noqa: PLC0415
 
     notices = choose(doc, users, cfg.rules) if send_notices else []
     sent = sent_before(state, wait_seconds) if notices else []
     fresh = [n for n in notices if not told(n, sent)]
     again = [n for n in notices if told(n, sent)]
-    report = _report_forms(doc) if send_report else None
+    report = _report_forms(doc, tz) if send_report else None
     box = plan(cfg, doc, fresh, report)
     if again:
         say(f"{len(again)} finding(s) told before: not sent again")
@@ -636,13 +658,19 @@ def run(
         say("nothing to send")
 
 
-def _report_forms(doc: dict[str, Any]) -> tuple[str, str]:
-    """The report's text form (plain, 100 columns) and its HTML page."""
+def _report_forms(doc: dict[str, Any], tz: str | None = None) -> ReportForms:
+    """The report's text form (plain, 100 columns), its HTML page (times in ``tz``), and the
+    CSV tables both refer to (:data:`MAIL_ATTACHMENTS`, in UTC as the JSON)."""
     import io  # noqa: PLC0415
 
+    from report.content import in_zone  # noqa: PLC0415
+    from report.export import render as render_csv  # noqa: PLC0415
     from report.html import render as render_html  # noqa: PLC0415
     from report.text import render as render_text  # noqa: PLC0415
 
     buffer = io.StringIO()
-    render_text(doc, file=buffer, width=100)
-    return buffer.getvalue(), render_html(doc)
+    human = in_zone(doc, tz)
+    render_text(human, file=buffer, width=100, attached=MAIL_ATTACHMENTS)
+    gpus, findings = render_csv(doc)
+    files = ((MAIL_ATTACHMENTS["gpus"], gpus), (MAIL_ATTACHMENTS["findings"], findings))
+    return buffer.getvalue(), render_html(human, attached=MAIL_ATTACHMENTS), files

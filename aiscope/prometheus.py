@@ -43,6 +43,13 @@ def analyze_prometheus(
         doc = analyze([str(path)], since, thresholds=thresholds, accounting=accounting)
         analyzed = time.monotonic()
     doc["stores"] = []
+    # The temporary store is no input of the user's: the server is (its name, not the file's).
+    coverage = doc["summary"]["coverage"]
+    coverage["stores"] = [{**s, "store": source.url} for s in coverage.get("stores", [])]
+    coverage["window_notes"] = [
+        n.replace(f"store {path}", f"--prometheus {source.url}")
+        for n in coverage.get("window_notes", [])
+    ]
     doc["source"] = report.to_json()
     doc["source"]["fetch_seconds"] = round(fetched - started, 2)
     doc["source"]["analysis_seconds"] = round(analyzed - fetched, 2)

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import datetime as dt
-import re
 from typing import Any
 
 from analyzer import declared
-from analyzer.classify import GpuVerdict, classify
+from analyzer.classify import CLASSES, GpuVerdict, classify
 from analyzer.context import Finding, context, to_json
 from analyzer.findings import run as run_detectors
 from analyzer.load import FleetData, InputError, inputs, load
@@ -19,20 +18,13 @@ from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
 from analyzer.summary import sparkline, summarize, top_actions
 from analyzer.thresholds import Thresholds
+from analyzer.window import parse_duration, parse_window
+from analyzer.window_notes import window_coverage
 from store.intent import Declared
 from store.storefile import Input
 
 SCHEMA = "aiscope.analysis/1"
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_duration(text: str, flag: str = "--since") -> float:
-    """``90s``, ``15m``, ``24h``, ``7d``, ``12w`` -> seconds. Raises :class:`InputError`."""
-    match = _DURATION.match(text.strip())
-    if not match or float(match.group(1)) <= 0:
-        raise InputError(f"{flag}: expected a duration like 90s, 15m, 24h, 7d or 12w, got {text!r}")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+__all__ = ["SCHEMA", "InputError", "analyze", "iso", "parse_duration"]
 
 
 def iso(ts: float) -> str:
@@ -45,12 +37,16 @@ def analyze(
     timeout: float = 10.0,
     thresholds: Thresholds | None = None,
     accounting: Accounting | None = None,
+    until: str | None = None,
 ) -> dict[str, Any]:
     """Run every analysis over the window and return the contract's JSON document
-    (``accounting``: teams, accounts and prices for ``owners[]`` and ``bill``)."""
-    seconds = parse_duration(since)
+    (``accounting``: teams, accounts and prices for ``owners[]`` and ``bill``; ``since`` a
+    DURATION or a TIME, ``until`` a TIME: :mod:`analyzer.window`)."""
+    asked = parse_window(since, until)
     paths: list[Input] = inputs(stores)
-    data = load(paths, seconds, timeout=timeout)
+    data = load(
+        paths, asked.since_seconds or 0.0, timeout=timeout, until=asked.until, start_at=asked.start
+    )
     verdicts = declared.combine(data, classify(data, thresholds))  # declared beside observed
     ctx = context(data, verdicts, thresholds or Thresholds())  # one for detectors and owners
     results = run_detectors(ctx)
@@ -67,6 +63,7 @@ def analyze(
     summary = summarize(data, verdicts, results.findings)
     intents = declared.by_gpu(data)
     summary["timeline"]["start"] = iso(summary["timeline"]["start"])
+    summary["coverage"].update(window_coverage(data, asked, since))  # what the window leaves out
     if books.bill["cost"] is not None:  # priced: each top action says what it cost
         costs = tuple(entry["cost"] for entry in books.findings)
         summary["top_actions"] = top_actions(results.findings, costs=costs)
@@ -75,7 +72,11 @@ def analyze(
         "window": _window(data),
         "stores": [str(p) for p in paths],
         "gpus": [
-            _gpu(v, results.waiting.get(v.info.uuid), intents.get(v.info.uuid)) for v in verdicts
+            {
+                **_gpu(v, results.waiting.get(v.info.uuid), intents.get(v.info.uuid)),
+                **_books(books.gpus, v.info.uuid),
+            }
+            for v in verdicts
         ],
         "summary": summary,
         "findings": findings,
@@ -91,9 +92,18 @@ def _window(data: FleetData) -> dict[str, Any]:
     """The window; ``ignored_future_samples`` only when samples dated past now were left out
     (they would otherwise have ended the window on themselves)."""
     window: dict[str, Any] = {"start": iso(data.window_start), "end": iso(data.window_end)}
+    window["bucket_seconds"] = data.bucket_seconds  # both edges are whole buckets of this
     if data.ignored_future_samples:
         window["ignored_future_samples"] = data.ignored_future_samples
     return window
+
+
+def _books(per_gpu: dict[str, dict[str, Any]], uuid: str) -> dict[str, Any]:
+    """A GPU's GPU-hours by class, owner and cost from the owners' books (one truth for the
+    per-GPU table and the bill)."""
+    return per_gpu.get(
+        uuid, {"gpu_hours": dict.fromkeys(CLASSES, 0.0), "owner": None, "cost": None}
+    )
 
 
 def _gpu(

@@ -7,7 +7,8 @@ analysis (:mod:`analyzer.live`):
 1. :mod:`analyzer.idle_held`: memory held with no compute;
 2. :mod:`analyzer.neighbors`: co-located workloads that slow each other down;
 3. :mod:`analyzer.starved`: GPUs that a workload holds but cannot keep fed;
-4. :mod:`analyzer.declared`: workloads whose behaviour contradicts what they declare (it
+4. :mod:`analyzer.silent`: fleet nodes that stopped reporting before the window's end;
+5. :mod:`analyzer.declared`: workloads whose behaviour contradicts what they declare (it
    explains no lost interval: the GPU-hours it reports ran against a declaration).
 
 Each returns its findings and the GPU-intervals (uuid, bucket start) they explain; a later
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from analyzer import declared, idle_held, neighbors, starved
+from analyzer import declared, idle_held, neighbors, silent, starved
 from analyzer.context import Context, Detected, Finding
 
 Detector = Callable[[Context, frozenset[tuple[str, float]]], Detected]
@@ -31,6 +32,7 @@ DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("idle_held", idle_held.detect),
     ("noisy_neighbor", neighbors.detect),
     ("starved", starved.detect),
+    ("node_silent", silent.detect),
     (declared.KIND, declared.detect),
 )
 

@@ -16,11 +16,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from analyzer.analysis import analyze, iso, parse_duration
+from analyzer.analysis import analyze, iso
 from analyzer.load import Holding, Holdings, InputError, Usage, holdings, inputs, usage
 from analyzer.prices import Accounting
 from analyzer.recommendations.consolidate import profiles_for
 from analyzer.thresholds import Thresholds
+from analyzer.window import parse_window
 
 SCHEMA = "aiscope.job/1"
 GIB = float(1 << 30)
@@ -175,6 +176,7 @@ def job_summary(
     allocated: tuple[str, tuple[int, ...]] | None = None,
     accounting: Accounting | None = None,
     analyses: dict[str, dict[str, Any]] | None = None,
+    until: str | None = None,
 ) -> dict[str, Any]:
     """The ``aiscope.job/1`` document of ``job_id`` in ``stores``.
 
@@ -187,13 +189,13 @@ def job_summary(
     paths = inputs(stores)
     found = holdings(paths, timeout)
     job = find_job(found, job_id)
-    if since is not None:
-        parse_duration(since)
+    parse_window(since or "7d", until)  # ``--until``: the window ends there (a TIME)
     window = since or covering_since(job, found.newest_ts)
     cache = {} if analyses is None else analyses
-    if window not in cache:
-        cache[window] = analyze(stores, window, timeout, thresholds, accounting)
-    doc = cache[window]
+    key = window if until is None else f"{window}..{until}"
+    if key not in cache:
+        cache[key] = analyze(stores, window, timeout, thresholds, accounting, until)
+    doc = cache[key]
     spans = _spans(job, doc, found, allocated)
     used = usage(paths, spans, timeout)
     return build(job_id, job, doc, used, found, spans, ended, window, thresholds or Thresholds())

@@ -191,6 +191,20 @@ class FleetData:
     ignored_future_samples: int = 0
     #: What each tenant declares (schema 3's ``declarations``; ``analyzer.declared``).
     declarations: dict[str, tuple[Declared, ...]] = field(default_factory=dict)
+    #: What the window leaves out: each input's newest GPU sample, each node's, and the
+    #: oldest sample of all (:class:`Reach`).
+    reach: Reach | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """How far the data reaches, against the window: each input's newest believable GPU sample
+    (``None``: it has none), each node's newest and its GPUs (node -> (newest, ((index, uuid),
+    ...))), and the oldest sample of all (epoch seconds)."""
+
+    inputs: tuple[tuple[str, float | None], ...]
+    nodes: dict[str, tuple[float, tuple[tuple[int, str], ...]]]
+    first_ts: float
 
 
 def expand(patterns: list[str]) -> list[Path]:
@@ -274,29 +288,91 @@ def load(
     timeout: float = 10.0,
     bucket_seconds: int | None = None,
     until: float | None = None,
+    start_at: float | None = None,
 ) -> FleetData:
-    """Aggregate the window ``(newest sample - since, newest sample]`` of every store, or, with
-    ``until`` (epoch seconds), the window of that length ending there (the plan classifies
-    past weeks this way)."""
+    """Aggregate the window of ``since_seconds`` that ends with the bucket holding the newest
+    sample of every store, or, with ``until`` (epoch seconds), ending there (the plan
+    classifies past weeks this way; ``--until``); ``start_at`` (``--since TIME``) starts it at
+    a time instead. Its edges fall on whole buckets: ``[start, end)``, both multiples of the
+    bucket length."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         # A past window may lie in any day: every day of the segments is listed then.
-        days = since_seconds if until is None else None
+        days = since_seconds if until is None and start_at is None else None
         aliases = sf.attach_inputs(con, list(paths), timeout, days)
         con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
-        first, end, ignored = _window_end(con, paths)
-        end = end if until is None else min(end, until)
-        # An old or short capture still analyzes: the window ends at its newest sample and
-        # starts no earlier than its first.
-        start = max(end - since_seconds, first - 1.0)
-        interval = _interval(con, start, end)
-        bucket = bucket_seconds or bucket_for(end - start, interval)
+        first, newest, ignored = _window_end(con, paths)
+        newest = newest if until is None else min(newest, until)
+        if start_at is not None:
+            if start_at >= newest:
+                raise InputError(
+                    f"--since: starts at or after the newest sample ({sf_iso(newest)}); "
+                    "nothing to analyze"
+                )
+            since_seconds = newest - start_at
+        interval = _interval(con, max(newest - since_seconds, first), newest)
+        bucket = bucket_seconds or bucket_for(min(since_seconds, newest - first + 1.0), interval)
+        start, end = whole_buckets(first, newest, since_seconds, bucket, until, start_at)
+        reach = _reach(con, paths, aliases, first)
         _materialize(con, aliases, start, end, bucket)
         sf.detach_inputs(con, aliases)
         data = _fetch(con, start, end, bucket, interval)
-        return dataclasses.replace(data, ignored_future_samples=ignored)
+        return dataclasses.replace(data, ignored_future_samples=ignored, reach=reach)
     finally:
         con.close()
+
+
+def whole_buckets(
+    first: float,
+    newest: float,
+    since_seconds: float,
+    bucket: int,
+    until: float | None = None,
+    start_at: float | None = None,
+) -> tuple[float, float]:
+    """The window ``[start, end)`` on whole buckets: ``end`` closes the bucket holding
+    ``newest`` (or is ``until``'s bucket edge when that comes first), ``start`` is
+    ``since_seconds`` before it, rounded down to a bucket, and no earlier than the bucket
+    holding the first sample (an old or short capture still analyzes; a window that started
+    at 23:59:59 cut its first hour and day at a second); ``start_at`` (``--since TIME``)
+    starts it with the bucket holding that time instead."""
+    end = (newest // bucket + 1) * bucket
+    if until is not None and until < end:
+        end = until // bucket * bucket
+    asked = end - since_seconds if start_at is None else start_at  # --since TIME: its bucket
+    start = max(asked // bucket * bucket, first // bucket * bucket)
+    return float(start), float(max(end, start + bucket))
+
+
+def sf_iso(ts: float) -> str:
+    """Epoch seconds as the documents write them (ISO 8601, UTC)."""
+    import datetime as dt  # noqa: PLC0415
+
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _reach(
+    con: duckdb.DuckDBPyConnection, paths: Sequence[sf.Input], aliases: list[str], first: float
+) -> Reach:
+    """Each input's and each node's newest believable GPU sample (and a node's GPUs)."""
+    limit = {"l": believable_limit(con, "SELECT ts FROM g")}
+    newest: list[tuple[str, float | None]] = []
+    for path, alias in zip(paths, aliases[: len(paths)], strict=True):  # then the fleet alias
+        # A node store as attached (``r_…``), not its view: the view leaves out the rows its
+        # node's published segments already hold, and a store read beside them is not empty.
+        source = f"r_{alias}" if isinstance(path, Path) else alias
+        row = con.execute(
+            f"SELECT max(ts) FROM {source}.{sf.GPU_SAMPLES} WHERE ts <= $l", limit
+        ).fetchone()
+        newest.append((str(path), None if row is None or row[0] is None else float(row[0])))
+    nodes: dict[str, tuple[float, tuple[tuple[int, str], ...]]] = {}
+    for node, ts, gpus in con.execute(
+        "SELECT node, max(ts), list(DISTINCT [coalesce(gpu_index, -1)::VARCHAR, uuid]) "
+        "FROM g WHERE ts <= $l GROUP BY node ORDER BY node",
+        limit,
+    ).fetchall():
+        nodes[str(node)] = (float(ts), tuple(sorted((int(i), str(u)) for i, u in gpus)))
+    return Reach(tuple(newest), nodes, first)
 
 
 #: Samples past this machine's clock (and a day) that follow the ones before it with no gap
@@ -378,7 +454,7 @@ def _materialize(
         "avg(tensor_active_ratio) AS tensor, avg(sm_clock_hertz) AS clock, "
         "avg(CASE WHEN clock_event_reasons IS NULL THEN NULL "
         "WHEN (clock_event_reasons & $limits) != 0 THEN 1.0 ELSE 0.0 END) AS throttled "
-        "FROM g WHERE ts > $s AND ts <= $e GROUP BY ALL",
+        "FROM g WHERE ts >= $s AND ts < $e GROUP BY ALL",
         {"b": bucket, "s": start, "e": end, "limits": THROTTLE_REASONS},
     )
     _materialize_host(con, aliases, start, end, bucket)
@@ -386,7 +462,7 @@ def _materialize(
     _materialize_declarations(con, aliases)
     con.execute(
         "CREATE TABLE events AS SELECT kind, count(*) AS n "
-        f"FROM ({_union(aliases, sf.AGENT_EVENTS)}) WHERE ts > $s AND ts <= $e GROUP BY kind",
+        f"FROM ({_union(aliases, sf.AGENT_EVENTS)}) WHERE ts >= $s AND ts < $e GROUP BY kind",
         {"s": start, "e": end},
     )
     con.execute(
@@ -401,7 +477,7 @@ def _materialize(
         f"FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) s "
         f"JOIN ({_union(aliases, sf.PROCESSES)}) p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
-        "WHERE s.ts > $s AND s.ts <= $e",
+        "WHERE s.ts >= $s AND s.ts < $e",
         {"s": start, "e": end},
     )
 
@@ -429,7 +505,7 @@ def _materialize_host(
         "avg(cpu_busy_ratio) AS busy, avg(cpu_iowait_ratio) AS iowait, "
         "avg(psi_cpu_some_ratio) AS psi_cpu, avg(psi_io_some_ratio) AS psi_io, "
         "avg(disk_read_bytes_per_second) AS disk_read, max(cpu_count) AS cpus "
-        f"FROM ({_union(aliases, sf.HOST_SAMPLES)}) WHERE ts > $s AND ts <= $e GROUP BY ALL",
+        f"FROM ({_union(aliases, sf.HOST_SAMPLES)}) WHERE ts >= $s AND ts < $e GROUP BY ALL",
         params,
     )
     con.execute(
@@ -437,14 +513,14 @@ def _materialize_host(
         "sum(v) FILTER (WHERE kind = 'nic') AS nic FROM ("
         "SELECT node, kind, device, floor(ts / $b) * $b AS start, "
         "avg(coalesce(rx_bytes_per_second, 0) + coalesce(tx_bytes_per_second, 0)) AS v "
-        f"FROM ({_union(aliases, sf.NET_SAMPLES)}) WHERE ts > $s AND ts <= $e GROUP BY ALL"
+        f"FROM ({_union(aliases, sf.NET_SAMPLES)}) WHERE ts >= $s AND ts < $e GROUP BY ALL"
         ") GROUP BY ALL",
         params,
     )
     con.execute(
         "CREATE TABLE cg AS SELECT node, cgroup, floor(ts / $b) * $b AS start, "
         "avg(cpu_cores) AS cores, max(cpu_limit_cores) AS lim "
-        f"FROM ({_union(aliases, sf.CGROUP_SAMPLES)}) WHERE ts > $s AND ts <= $e GROUP BY ALL",
+        f"FROM ({_union(aliases, sf.CGROUP_SAMPLES)}) WHERE ts >= $s AND ts < $e GROUP BY ALL",
         params,
     )
 
@@ -464,7 +540,7 @@ def _materialize_tenancy(
         f"JOIN ({_union(aliases, sf.PROCESSES)}) p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
         f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid "
-        "WHERE s.ts > $s AND s.ts <= $e GROUP BY s.uuid, tenant, 3",
+        "WHERE s.ts >= $s AND s.ts < $e GROUP BY s.uuid, tenant, 3",
         {"b": bucket, "s": start, "e": end},
     )
 
@@ -816,16 +892,22 @@ class History:
 
 @sf.reads_stores
 def history(
-    paths: Sequence[sf.Input], since_seconds: float | None, timeout: float = 10.0
+    paths: Sequence[sf.Input],
+    since_seconds: float | None,
+    timeout: float = 10.0,
+    until: float | None = None,
+    start_at: float | None = None,
 ) -> History:
-    """Hourly GPU demand over everything stored (or the last ``since_seconds``): raw samples,
+    """Hourly GPU demand over everything stored (or the last ``since_seconds``, or from
+    ``start_at``; up to ``until`` when given: ``--since TIME``, ``--until TIME``): raw samples,
     and before a GPU's first raw sample its minute rollups (kept far longer than raw)."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         # Node stores and published segments alike (the fleet alias's rollup stand-ins are
         # whole minutes before each node's first raw sample, so the fallback below adds none).
-        aliases = sf.attach_inputs(con, list(paths), timeout, since_seconds)
-        _history_minutes(con, aliases, since_seconds)
+        days = since_seconds if until is None and start_at is None else None
+        aliases = sf.attach_inputs(con, list(paths), timeout, days)
+        _history_minutes(con, aliases, since_seconds, until, start_at)
         row = con.execute("SELECT min(minute), max(minute) FROM minutes").fetchone()
         if row is None or row[1] is None:
             raise EmptyStore(f"{paths[0]}: the store has no GPU samples yet")
@@ -873,7 +955,11 @@ def history(
 
 
 def _history_minutes(
-    con: duckdb.DuckDBPyConnection, aliases: list[str], since_seconds: float | None
+    con: duckdb.DuckDBPyConnection,
+    aliases: list[str],
+    since_seconds: float | None,
+    until: float | None = None,
+    start_at: float | None = None,
 ) -> None:
     """The temp table ``minutes`` (node, uuid, idx, minute, util, mem, power): a GPU's raw
     samples by minute, and its rollup minutes from before its first raw sample."""
@@ -884,19 +970,22 @@ def _history_minutes(
         f"SELECT greatest((SELECT {BELIEVABLE_NEWEST} FROM g), (SELECT max(minute_ts) FROM r))",
         {"l": believable_limit(con, "SELECT ts FROM g")},
     ).fetchone()
-    start = -1.0
+    start, end = -1.0, float("inf") if until is None else until
     if since_seconds is not None and newest is not None and newest[0] is not None:
-        start = float(newest[0]) - since_seconds
+        start = min(float(newest[0]), end) - since_seconds
+    if start_at is not None:
+        start = start_at
     con.execute(
         "CREATE TEMP TABLE minutes AS WITH raw AS (SELECT node, uuid, min(gpu_index) AS idx, "
         "floor(ts / 60) * 60 AS minute, avg(utilization_gpu_ratio) AS util, "
         "avg(memory_used_bytes) AS mem, avg(power_watts) AS power FROM g "
-        "WHERE ts > $s AND up GROUP BY ALL), "
+        "WHERE ts > $s AND ts <= $e AND up GROUP BY ALL), "
         "firsts AS (SELECT node, uuid, min(minute) AS first FROM raw GROUP BY ALL) "
         "SELECT * FROM raw UNION ALL "
         "SELECT r.node, r.uuid, r.gpu_index, r.minute_ts, r.utilization_gpu_ratio_mean, "
         "r.memory_used_bytes_mean, r.power_watts_mean FROM r LEFT JOIN firsts f "
         "ON f.node = r.node AND f.uuid = r.uuid "
-        "WHERE r.minute_ts > $s AND (f.first IS NULL OR r.minute_ts < f.first)",
-        {"s": start},
+        "WHERE r.minute_ts > $s AND r.minute_ts <= $e "
+        "AND (f.first IS NULL OR r.minute_ts < f.first)",
+        {"s": start, "e": end},
     )

@@ -68,6 +68,15 @@ class _Owner:
     unpartitioned_cost: float = 0.0  # MIG slices no instance holds (idle capacity)
 
 
+@dataclass(slots=True)
+class _GpuBooks:
+    """One GPU's share of the ledger, built up interval by interval."""
+
+    gpu_hours: dict[str, float] = field(default_factory=dict)
+    owners: dict[str, float] = field(default_factory=dict)  # owner -> GPU-hours held
+    cost: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Books:
     """The accounting of one window: the owners, the bill, and each finding's owner and cost
@@ -76,6 +85,9 @@ class Books:
     owners: tuple[dict[str, Any], ...]
     bill: dict[str, Any]
     findings: tuple[dict[str, Any], ...]
+    #: Per GPU (uuid): its GPU-hours by class, its owner (the one that held it longest) and
+    #: its cost (``None`` unpriced), for ``gpus[]`` and the per-GPU CSV.
+    gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def account(
@@ -88,7 +100,7 @@ def account(
         ledger.add_gpu(view)
     ledger.add_unpartitioned()
     per_finding = tuple(ledger.add_finding(f) for f in findings)
-    return Books(ledger.owners_json(), ledger.bill_json(), per_finding)
+    return Books(ledger.owners_json(), ledger.bill_json(), per_finding, ledger.gpus_json())
 
 
 class _Ledger:
@@ -103,6 +115,7 @@ class _Ledger:
         self.waste: dict[str, float] = {}
         self.models: dict[str, dict[str, Any]] = {}
         self._owner_of: dict[str, tuple[str, str, str | None]] = {}
+        self._per_gpu: dict[str, _GpuBooks] = {}
 
     # -- intervals --------------------------------------------------------------------------
 
@@ -158,6 +171,23 @@ class _Ledger:
         owner.cost += 0.0 if cost is None else cost * share
         owner.basis[basis] = owner.basis.get(basis, 0.0) + hours
         owner.gpus.add(view.info.uuid)
+        mine = self._per_gpu.setdefault(view.info.uuid, _GpuBooks())
+        mine.gpu_hours[cls] = mine.gpu_hours.get(cls, 0.0) + hours
+        mine.owners[owner.name] = mine.owners.get(owner.name, 0.0) + hours
+        mine.cost = None if cost is None else (mine.cost or 0.0) + cost * share
+
+    def gpus_json(self) -> dict[str, dict[str, Any]]:
+        """Each GPU's GPU-hours by class, owner and cost (as :class:`Books` ``gpus``)."""
+        return {
+            uuid: {
+                "gpu_hours": {c: round(b.gpu_hours.get(c, 0.0), 2) for c in CLASSES},
+                "owner": max(b.owners.items(), key=lambda kv: (kv[1], kv[0]))[0]
+                if b.owners
+                else None,
+                "cost": None if b.cost is None else round(b.cost, 2),
+            }
+            for uuid, b in self._per_gpu.items()
+        }
 
     # -- owners -----------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzer import configfile
+from analyzer import configfile, declared
 from analyzer import forecast as fc
 from analyzer.analysis import iso, parse_duration
 from analyzer.classify import GpuVerdict, classify
@@ -45,6 +45,7 @@ from analyzer.queue import Pending, read_pending
 from analyzer.recommendations.placement import scale_out_waiting
 from analyzer.recommendations.reservation import ReservationSettings
 from analyzer.thresholds import Thresholds
+from analyzer.window import looks_like_time, parse_time
 from store.storefile import Input
 
 SCHEMA = "aiscope.plan/1"
@@ -151,20 +152,27 @@ def plan(
     classes: Mapping[str, str] | None = None,
     queue: Path | None = None,
     findings: Sequence[Mapping[str, Any]] | None = None,
+    until: str | None = None,
 ) -> dict[str, Any]:
     """The ``aiscope.plan/1`` document of the stores. ``classes`` (``uuid`` -> class over the
     newest week) saves classifying again when the caller has just analyzed that week; ``queue``
     is a CSV of GPUs waiting (:mod:`analyzer.queue`); ``findings`` (the analysis document's)
-    give the fleet's waiting and its scale-out share, found here when classes are not given."""
+    give the fleet's waiting and its scale-out share, found here when classes are not given;
+    ``since`` a DURATION or a TIME and ``until`` a TIME bound the history read
+    (:mod:`analyzer.window`)."""
     horizon_seconds = parse_horizon(horizon)
-    since_seconds = parse_horizon(since, "--since") if since else None
+    start_at = parse_time(since, "--since") if since and looks_like_time(since) else None
+    since_seconds = parse_horizon(since, "--since") if since and start_at is None else None
+    until_ts = parse_time(until, "--until") if until else None
     site = site or Site()
     pending = read_pending(queue, QUEUED_POOLS) if queue is not None else None
     paths = inputs(stores)
-    hist = history(paths, since_seconds, timeout)
+    hist = history(paths, since_seconds, timeout, until_ts, start_at)
     if classes is None:
-        data = load(paths, min(WEEK, hist.end - hist.start), timeout=timeout)
-        verdicts = classify(data, thresholds)
+        week = min(WEEK, hist.end - hist.start)
+        data = load(paths, week, timeout=timeout, until=until_ts)
+        # As the analysis classes them: behaviour, then declared intent (one truth).
+        verdicts = declared.combine(data, classify(data, thresholds))
         classes = {v.info.uuid: v.gpu_class for v in verdicts}
         if findings is None:
             findings = _findings(data, verdicts, thresholds)

@@ -90,6 +90,11 @@ def top_actions(
                 f"runs as {f.detail('observed_class')}",
                 "declared_mismatch",
             )
+        elif f.kind == "node_silent":
+            key = (
+                f"Restart the agent on {f.node} (silent since {f.detail('last_sample')})",
+                f.kind,
+            )
         else:
             key = (
                 f"Separate {f.detail('victim')} from {f.detail('aggressor')} "

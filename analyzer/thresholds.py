@@ -189,6 +189,11 @@ class Thresholds:
     noisy_anticorrelation_max_r: float = -0.361
     noisy_anticorrelation_min_samples: float = 30.0
 
+    #: A fleet node whose newest sample is this long before the window's end stopped
+    #: reporting (a finding): three publish intervals of the agent (300 s each), so a node
+    #: whose last segment is merely in flight is not called dark.
+    node_silent_seconds: float = 900.0
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

@@ -1,8 +1,9 @@
 """``aiscope report``: the weekly report, rendered from the ``aiscope.analysis/1`` document.
 
-One document, four forms that always agree: ``.html`` (self-contained: inline CSS and SVG, no
-scripts, no outside requests), ``.md``, ``.json`` (the analysis contract itself) and the terminal
-(Rich tables, colour on a terminal, plain when piped). Sections, in order: the headline, the
+One document, five forms that always agree: ``.html`` (self-contained: inline CSS and SVG, no
+scripts, no outside requests), ``.md``, ``.json`` (the analysis contract itself), ``.csv`` (the
+per-GPU table and ``findings.csv``: :mod:`report.export`) and the terminal (Rich tables, colour
+on a terminal, plain when piped). Sections, in order: the headline, the
 fleet timeline, utilization that is real, findings, recommendations, owners (GPU-hours and
 cost per team, namespace, account or user, adding up to the bill), per-node detail and data
 coverage. Large fleets stay readable: tables show the top ``TOP_N`` rows, with the rest counted.
@@ -18,7 +19,7 @@ from store.errors import BadInput
 from store.safewrite import write_text
 
 TOP_N = 15
-FORMATS = (".html", ".md", ".json")
+FORMATS = (".html", ".md", ".json", ".csv")
 
 
 class ReportError(BadInput, ValueError):
@@ -30,14 +31,32 @@ def check_out(out: Path) -> str:
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
         raise ReportError(
-            f"--out {out}: unknown format {suffix or '(no suffix)'}; use .html, .md or .json"
+            f"--out {out}: unknown format {suffix or '(no suffix)'}; use .html, .md, .json or .csv"
+        )
+    if suffix == ".csv" and out.name.lower() == "findings.csv":
+        raise ReportError(
+            f"--out {out}: findings.csv is the findings table written beside the per-GPU "
+            "one; name the per-GPU table otherwise (e.g. gpus.csv)"
         )
     return suffix
 
 
-def write(doc: dict[str, Any], out: Path) -> Path:
-    """Write the report in the form ``out``'s suffix names."""
+def write(doc: dict[str, Any], out: Path, tz: str | None = None) -> Path:
+    """Write the report in the form ``out``'s suffix names (``.csv``: the per-GPU table, and
+    ``findings.csv`` beside it); ``tz`` (``--tz``) is the zone the HTML and Markdown show
+    times in (the JSON and the CSV stay in UTC, as the contract)."""
     suffix = check_out(out)
+    if suffix in (".html", ".md"):
+        from report.content import in_zone  # noqa: PLC0415
+
+        doc = in_zone(doc, tz)
+    if suffix == ".csv":
+        from report.export import findings_path  # noqa: PLC0415
+        from report.export import render as render_csv  # noqa: PLC0415
+
+        gpus, findings = render_csv(doc)
+        write_text(findings_path(out), findings)
+        return write_text(out, gpus)
     if suffix == ".json":
         text = json.dumps(doc, indent=2) + "\n"
     elif suffix == ".md":

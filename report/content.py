@@ -5,9 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from store.errors import BadInput
 from store.schema import GpuClass
 
 CLASS_ORDER: tuple[str, ...] = tuple(c.value for c in GpuClass)  # the contract's classes
@@ -67,8 +69,55 @@ def top_actions(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+#: The key a human view's copy of the document carries its display zone under (``--tz``);
+#: :func:`in_zone` sets it, and the JSON written never has it (it stays UTC, as the contract).
+DISPLAY_TZ = "display_tz"
+
+
+def check_zone(name: str) -> dt.tzinfo:
+    """An IANA zone name (``Europe/Berlin``, ``UTC``) -> its zone; :class:`BadInput` if none."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # noqa: PLC0415
+
+    try:
+        return dt.UTC if name.strip().upper() == "UTC" else ZoneInfo(name.strip())
+    except (ZoneInfoNotFoundError, ValueError):
+        raise BadInput(
+            f"--tz: unknown time zone {name!r} (an IANA name like Europe/Berlin, or UTC)"
+        ) from None
+
+
+def in_zone(doc: dict[str, Any], name: str | None) -> dict[str, Any]:
+    """A copy of ``doc`` for the human views, with times shown in zone ``name`` (``None`` or
+    UTC: ``doc`` itself, times as the JSON writes them)."""
+    if name is None or name.strip().upper() == "UTC":
+        return doc
+    check_zone(name)
+    return {**doc, DISPLAY_TZ: name.strip()}
+
+
+def zone(doc: dict[str, Any]) -> dt.tzinfo | None:
+    """The zone a human view shows times in; ``None``: UTC, as the JSON writes them."""
+    name = doc.get(DISPLAY_TZ)
+    return check_zone(name) if name else None
+
+
+def shown(iso: str, doc: dict[str, Any]) -> str:
+    """An ISO 8601 UTC time of the document as the human views show it: unchanged in UTC,
+    else ``2026-11-16 01:00 CET`` in the ``--tz`` zone."""
+    tz = zone(doc)
+    if tz is None:
+        return iso
+    when = dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).astimezone(tz)
+    return when.strftime("%Y-%m-%d %H:%M %Z")
+
+
+def zone_name(doc: dict[str, Any]) -> str:
+    """``UTC``, or the ``--tz`` zone's name."""
+    return str(doc.get(DISPLAY_TZ) or "UTC")
+
+
 def window(doc: dict[str, Any]) -> str:
-    return f"{doc['window']['start']} to {doc['window']['end']}"
+    return f"{shown(doc['window']['start'], doc)} to {shown(doc['window']['end'], doc)}"
 
 
 def finding_rows(doc: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -116,6 +165,7 @@ class Timeline:
 def timeline(doc: dict[str, Any]) -> Timeline:
     t = doc["summary"]["timeline"]
     start = dt.datetime.strptime(t["start"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    start = start.astimezone(zone(doc) or dt.UTC)  # labels and captions in the --tz zone
     classes = {c: list(v) for c, v in t["classes"].items()}
     n = max((len(v) for v in classes.values()), default=0)
     totals = [sum(v[i] for v in classes.values() if i < len(v)) for i in range(n)]
@@ -135,10 +185,13 @@ def timeline_labels(t: Timeline) -> list[tuple[float, str]]:
     span = (t.n - 1) * t.step_seconds
     days = span > 2 * 86400
     every = math.ceil(span / 86400 / 8) * 86400 if days else _hour_step(span)
-    first = math.ceil(t.start.timestamp() / every) * every
+    # Boundaries of the zone the timeline is shown in (its offset at the start): midnights and
+    # whole hours there, not in UTC.
+    offset = (t.start.utcoffset() or dt.timedelta()).total_seconds()
+    first = math.ceil((t.start.timestamp() + offset) / every) * every - offset
     out = []
     for ts in range(int(first), int(t.start.timestamp() + span) + 1, int(every)):
-        when = dt.datetime.fromtimestamp(ts, dt.UTC)
+        when = dt.datetime.fromtimestamp(ts, t.start.tzinfo or dt.UTC)
         index = (ts - t.start.timestamp()) / t.step_seconds
         out.append((index, when.strftime("%a %d") if days else when.strftime("%H:%M")))
     return out
@@ -158,6 +211,7 @@ def coverage_lines(doc: dict[str, Any]) -> list[str]:
         f"Samples with the GPU not answering: {c['samples_gpu_down']:,}.",
         f"Fields not reported: {missing or 'none'}.",
         f"Agent events: {events or 'none'}.",
+        *c.get("window_notes", ()),  # stores the window left out, a window longer than the data
     ]
 
 
@@ -272,6 +326,16 @@ def recommendation_fields(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def rest_where(
+    attached: Mapping[str, str] | None, table: str, default: str = "see the JSON"
+) -> str:
+    """Where the rows a table leaves out are: the attached file that holds all of ``table``
+    (a mail's ``findings.csv``), else ``default`` (a report written beside its JSON)."""
+    if attached and table in attached:
+        return f"all of them in the attached {attached[table]}"
+    return default
+
+
 def finding_summary(f: dict[str, Any]) -> str:
     """A finding in a few words (the text form and the report's tables)."""
     if f["kind"] == "starved":
@@ -291,6 +355,8 @@ def finding_summary(f: dict[str, Any]) -> str:
             f"{what}, declared {f['declared_class']}, runs as {f['observed_class']}"
             f" on {f['gpus']} GPU{'s' if f['gpus'] != 1 else ''}{computed}"
         )
+    if f["kind"] == "node_silent":
+        return f"{len(f['gpus'])} GPUs silent since {f['last_sample']}"
     return f"held by {f['holder']} for {f['idle_held_seconds'] / 3600:.1f} h"
 
 

@@ -4,6 +4,7 @@ requests, readable offline, in print and by mail clients that strip scripts."""
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from importlib.metadata import version
 from typing import Any
 
@@ -26,6 +27,7 @@ from report.content import (
     priced,
     rec_text,
     recommendation_fields,
+    rest_where,
     service_name,
     share,
     span,
@@ -35,6 +37,7 @@ from report.content import (
     top_actions,
     waste_lines,
     window,
+    zone_name,
 )
 
 CSS = """
@@ -46,8 +49,11 @@ header.top { border-bottom: 3px solid #0072B2; margin-bottom: 8px; padding-botto
 h1 { font-size: 26px; margin: 0; } h2 { font-size: 20px; margin: 34px 0 8px;
   border-bottom: 1px solid #ccc; padding-bottom: 4px; } h3 { font-size: 16px; margin: 20px 0 6px; }
 .meta { color: #444; font-size: 13px; }
-.cards { display: flex; gap: 12px; flex-wrap: wrap; margin: 14px 0; }
-.card { flex: 1 1 110px; border: 1px solid #ccc; border-radius: 6px; padding: 10px 12px; }
+.cards { display: grid; gap: 12px; margin: 14px 0;
+  grid-template-columns: repeat(var(--wide), 1fr); }
+@media (max-width: 860px) { .cards { grid-template-columns: repeat(var(--narrow), 1fr); } }
+@media (max-width: 440px) { .cards { grid-template-columns: repeat(var(--small), 1fr); } }
+.card { min-width: 0; border: 1px solid #ccc; border-radius: 6px; padding: 10px 12px; }
 .card .n { font-size: 24px; font-weight: 700; } .card .l { font-size: 12px; color: #444; }
 ol.actions li { margin: 4px 0; } .kind { font-weight: 600; }
 table { border-collapse: collapse; width: 100%; margin: 8px 0 4px; font-size: 13px; }
@@ -68,17 +74,20 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def render(doc: dict[str, Any]) -> str:
+def render(doc: dict[str, Any], attached: Mapping[str, str] | None = None) -> str:
+    """The page. ``attached`` names the files sent with it (``findings``, ``gpus``: a mail's
+    CSV attachments), so a table cut at ``TOP_N`` rows says where the rest is; without it, the
+    rest is in the JSON (``report --out report.json``)."""
     body = [
-        _header(doc),
+        _header(doc, attached),
         _headline(doc),
         _timeline(doc),
         _real(doc),
-        _findings(doc),
+        _findings(doc, rest_where(attached, "findings")),
         _recommendations(doc),
         outlook.html_section(doc["plan"]) if outlook.has_outlook(doc.get("plan")) else "",
         _owners(doc),
-        _detail(doc),
+        _detail(doc, rest_where(attached, "gpus")),
         _coverage(doc),
     ]
     return (
@@ -89,7 +98,7 @@ def render(doc: dict[str, Any]) -> str:
     )
 
 
-def _header(doc: dict[str, Any]) -> str:
+def _header(doc: dict[str, Any], attached: Mapping[str, str] | None = None) -> str:
     links = [
         ("headline", "Headline"),
         ("timeline", "Timeline"),
@@ -104,9 +113,19 @@ def _header(doc: dict[str, Any]) -> str:
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in links)
     return (
         '<header class="top"><h1>What the GPUs really did</h1>'
-        f'<p class="meta">aiscope {_e(version("aiscope"))} weekly report, {_e(window(doc))} (UTC), '
-        f'{len(doc["stores"])} store(s)</p><nav aria-label="Sections">{nav}</nav></header>'
+        f'<p class="meta">aiscope {_e(version("aiscope"))} weekly report, {_e(window(doc))} '
+        f"({_e(zone_name(doc))}), "
+        f"{len(doc['stores'])} store(s)</p>{_attached(attached)}"
+        f'<nav aria-label="Sections">{nav}</nav></header>'
     )
+
+
+def _attached(attached: Mapping[str, str] | None) -> str:
+    if not attached:
+        return ""
+    what = {"gpus": "one row per GPU", "findings": "one row per finding"}
+    files = ", ".join(f"{_e(name)} ({what.get(key, key)})" for key, name in attached.items())
+    return f'<p class="meta">Attached: {files}.</p>'
 
 
 def _headline(doc: dict[str, Any]) -> str:
@@ -143,7 +162,23 @@ def _cards(doc: dict[str, Any]) -> str:
         "Share of GPU-hours by outcome",
         ", ".join(f"{k.replace('_', ' ')} {share(v)}" for k, v in shares.items()),
     )
-    return f'<div class="cards">{card_html}</div>{bar}'
+    wide, narrow, small = tile_columns(len(cards))
+    style = f"--wide:{wide};--narrow:{narrow};--small:{small}"
+    return f'<div class="cards" style="{style}">{card_html}</div>{bar}'
+
+
+def tile_columns(tiles: int) -> tuple[int, int, int]:
+    """Columns of the headline's tiles on a wide page (up to 8), a narrow one (up to 4) and a
+    phone (up to 2), each chosen so that no row holds one tile alone: a flex row of 7 tiles
+    left the 7th on its own row (issue 24). One column is the fallback of last resort."""
+    return tuple(_columns(tiles, most) for most in (8, 4, 2))  # type: ignore[return-value]
+
+
+def _columns(tiles: int, most: int) -> int:
+    if tiles <= most:
+        return max(tiles, 1)
+    fits = [c for c in range(most, 1, -1) if tiles % c != 1]
+    return next((c for c in fits if tiles % c == 0), fits[0] if fits else 1)  # full rows first
 
 
 def _timeline(doc: dict[str, Any]) -> str:
@@ -154,7 +189,8 @@ def _timeline(doc: dict[str, Any]) -> str:
         svg.stacked_area(
             series,
             "GPUs by class over the window",
-            f"Stacked GPUs per hour by class, from {t.start:%Y-%m-%d %H:%M} UTC: {peaks}.",
+            f"Stacked GPUs per hour by class, from {t.start:%Y-%m-%d %H:%M} {zone_name(doc)}: "
+            f"{peaks}.",
             x_labels=timeline_labels(t),
         )
         if t.n
@@ -195,7 +231,7 @@ def _p(v: float | None) -> str:
     return "not reported" if v is None else f"{v:.0%}"
 
 
-def _findings(doc: dict[str, Any]) -> str:
+def _findings(doc: dict[str, Any], rest: str = "see the JSON") -> str:
     parts = ['<section id="findings"><h2>Findings</h2>']
     causes = starved_by_cause(doc)
     parts.append("<h3>Starved accelerators</h3>")
@@ -211,8 +247,11 @@ def _findings(doc: dict[str, Any]) -> str:
         ("starved", None),
         ("noisy_neighbor", "Noisy neighbours"),
         ("idle_held", "Idle-held GPUs"),
+        ("node_silent", "Nodes that stopped reporting"),
     ):
         rows = finding_rows(doc, kind)
+        if not rows and kind == "node_silent":
+            continue  # only a fleet with a dark node has the section
         if title:
             parts.append(f"<h3>{title}</h3>")
         if not rows:
@@ -243,7 +282,7 @@ def _findings(doc: dict[str, Any]) -> str:
             + "</tbody></table>"
         )
         if len(rows) > TOP_N:
-            parts.append(f'<p class="muted">... and {len(rows) - TOP_N} more (see the JSON).</p>')
+            parts.append(f'<p class="muted">... and {len(rows) - TOP_N} more ({_e(rest)}).</p>')
     parts.append(_declared(doc))
     parts.append("</section>")
     return "".join(parts)
@@ -356,7 +395,7 @@ def _recommendation_chart(r: dict[str, Any]) -> str:
     return ""
 
 
-def _detail(doc: dict[str, Any]) -> str:
+def _detail(doc: dict[str, Any], rest: str = "see the JSON") -> str:
     """A node table whose names link to that node's GPUs below (large fleets: the GPU table is
     cut at ``TOP_N * 8`` rows, the rest counted)."""
     nodes = doc["summary"]["nodes_detail"]
@@ -399,7 +438,7 @@ def _detail(doc: dict[str, Any]) -> str:
         '<section id="detail"><h2>Per node and per GPU</h2>'
         f"<table><thead><tr>{head}</tr></thead><tbody>{node_rows}</tbody></table>"
         f"<table><thead><tr>{gpu_head}</tr></thead><tbody>{''.join(gpu_rows)}</tbody></table>"
-        + (f'<p class="muted">... and {more} more GPUs (see the JSON).</p>' if more > 0 else "")
+        + (f'<p class="muted">... and {more} more GPUs ({_e(rest)}).</p>' if more > 0 else "")
         + "</section>"
     )
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from report.content import shown, zone_name
+
 GIB = float(1 << 30)
 
 
@@ -16,7 +18,8 @@ def render_job(doc: dict[str, Any]) -> str:
         who.append(f"owner {job['owner']}")
     lines = [
         f"{job['name']}" + (f" ({', '.join(who)})" if who else "") + f": {doc['state']}",
-        f"  window   {_when(window['start'])} -> {_when(window['end'])} UTC "
+        f"  window   {_when(window['start'], doc)} -> {_when(window['end'], doc)} "
+        f"{zone_name(doc)} "
         f"({window['hours']:.1f} h{' so far' if doc['state'] == 'running' else ''})",
         f"  GPUs     {len(doc['gpus'])} on {', '.join(doc['nodes'])}, "
         f"{doc['gpu_hours']:.1f} GPU-hours{_money(doc.get('cost'), doc)}",
@@ -74,8 +77,9 @@ def _money(cost: float | None, doc: dict[str, Any]) -> str:
     return f", {cost:,.2f} {doc.get('currency') or ''}".rstrip()
 
 
-def _when(iso: str) -> str:
-    return iso.replace("T", " ").removesuffix("Z")[:16]
+def _when(iso: str, doc: dict[str, Any]) -> str:
+    """``2026-11-16 01:00``, in the ``--tz`` zone (UTC by default)."""
+    return shown(iso, doc).replace("T", " ").removesuffix("Z")[:16]
 
 
 def _pct(value: float | None) -> str:

@@ -18,6 +18,7 @@ from report.content import (
     owner_table,
     rec_text,
     recommendation_fields,
+    shown,
     starved_by_cause,
     timeline,
     top_actions,
@@ -123,8 +124,11 @@ def _findings(doc: dict[str, Any]) -> list[str]:
         ("starved", None),
         ("noisy_neighbor", "Noisy neighbours"),
         ("idle_held", "Idle-held"),
+        ("node_silent", "Nodes that stopped reporting"),
     ):
         rows = finding_rows(doc, kind)
+        if not rows and kind == "node_silent":
+            continue  # only a fleet with a dark node has the section
         if title:
             out += [f"### {title}", ""]
         if not rows:
@@ -137,8 +141,8 @@ def _findings(doc: dict[str, Any]) -> list[str]:
                     gpu_label(f, doc),
                     f"{f['gpu_hours_lost']:.1f}",
                     finding_summary(f),
-                    f["start"],
-                    f["end"],
+                    shown(f["start"], doc),
+                    shown(f["end"], doc),
                 ]
                 for f in rows[:TOP_N]
             ],

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from report.content import finding_summary, gpu_why, money, priced, rec_text
+from report.content import finding_summary, gpu_why, money, priced, rec_text, shown
 
 
 def render_text(doc: dict[str, Any]) -> str:
     """A readable table: one line per GPU, then the class totals."""
-    lines = [f"window {doc['window']['start']} .. {doc['window']['end']}", ""]
+    start, end = (shown(doc["window"][k], doc) for k in ("start", "end"))
+    lines = [f"window {start} .. {end}", ""]
     header = f"{'node':<16} {'gpu':>3}  {'class':<12} {'conf':>4}  evidence"
     lines += [header, "-" * len(header)]
     for g in doc["gpus"]:

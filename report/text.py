@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import IO, Any
 
 from rich.console import Console
@@ -19,6 +20,7 @@ from report.content import (
     owner_table,
     rec_text,
     recommendation_fields,
+    rest_where,
     starved_by_cause,
     top_actions,
     waste_lines,
@@ -26,12 +28,17 @@ from report.content import (
 )
 
 
-def render(doc: dict[str, Any], file: IO[str] | None = None, width: int | None = None) -> None:
+def render(
+    doc: dict[str, Any],
+    file: IO[str] | None = None,
+    width: int | None = None,
+    attached: Mapping[str, str] | None = None,
+) -> None:
     """Print the report. Colour only when ``file`` is a terminal (Rich decides; NO_COLOR is
-    honoured)."""
+    honoured). ``attached``: the files sent with it (as :func:`report.html.render`)."""
     console = Console(file=file, width=width, highlight=False, soft_wrap=False)
     _headline(console, doc)
-    _findings(console, doc)
+    _findings(console, doc, rest_where(attached, "findings", "see --out report.json"))
     _recommendations(console, doc)
     _outlook(console, doc)
     _owners(console, doc)
@@ -71,7 +78,7 @@ def _headline(console: Console, doc: dict[str, Any]) -> None:
     console.print(real)
 
 
-def _findings(console: Console, doc: dict[str, Any]) -> None:
+def _findings(console: Console, doc: dict[str, Any], rest: str) -> None:
     causes = starved_by_cause(doc)
     if causes:
         console.print(
@@ -87,7 +94,7 @@ def _findings(console: Console, doc: dict[str, Any]) -> None:
             "noisy_neighbor": "magenta",
             "idle_held": "cyan",
             "declared_mismatch": "red",
-        }.get(f["kind"], "white")
+        }.get(f["kind"], "red")
         findings.add_row(
             f"[{style}]{f['kind']}[/{style}]",
             gpu_label(f, doc),
@@ -97,7 +104,7 @@ def _findings(console: Console, doc: dict[str, Any]) -> None:
     console.print(findings)
     if len(doc["findings"]) > TOP_N:
         more = len(doc["findings"]) - TOP_N
-        console.print(f"... and {more} more findings (see --out report.json).")
+        console.print(f"... and {more} more findings ({rest}).")
     console.print()
     _declared(console, doc)
 

@@ -112,16 +112,25 @@ def test_multi_node_training_is_one_job_across_a_fleet_of_stores(fleet) -> None:
     assert classes[("gpu-node-03", 3)] == "interactive"  # memory held, no compute at all
 
 
-def test_window_ends_at_the_newest_sample(fleet) -> None:
+def test_window_ends_with_the_bucket_of_the_newest_sample(fleet) -> None:
+    """The window is whole buckets: it ends with the bucket that holds the newest sample and
+    starts the asked length before (issue 24: not at 23:59:59)."""
     whole, _ = fleet
     doc = analyze([str(whole)], since="1h")
     con = duckdb.connect(str(whole), read_only=True)
     newest = con.execute("SELECT max(ts) FROM gpu_samples").fetchone()[0]
     con.close()
-    from analyzer.analysis import iso
+    start, end = (_epoch(doc["window"][k]) for k in ("start", "end"))
+    bucket = doc["window"]["bucket_seconds"]
+    assert end - bucket <= newest < end
+    assert start == end - 3600
+    assert start % bucket == 0 and end % bucket == 0
 
-    assert doc["window"]["end"] == iso(newest)
-    assert doc["window"]["start"] == iso(newest - 3600)
+
+def _epoch(text: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 @pytest.mark.parametrize("bad", ["7", "7y", "-1h", "0d", "0w", "soon"])

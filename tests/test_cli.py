@@ -138,7 +138,7 @@ def test_version() -> None:
         (["agent", "run", "--virtual-gpus", "2", "--virtual-model", "B300"], "unknown GPU model"),
         (["store", "info", "--store", "/nonexistent/x.duckdb"], "no such store"),
         (["store", "info", "--format", "yaml", "--store", "x"], "--format"),
-        (["report", "--store", "x.duckdb", "--out", "r.pdf"], "use .html, .md or .json"),
+        (["report", "--store", "x.duckdb", "--out", "r.pdf"], "use .html, .md, .json or .csv"),
         (["report", "--store", "/nonexistent/x.duckdb"], "no such store"),
         (["analyze", "--store", "/nonexistent/x.duckdb", "--since", "soon"], "--since"),
     ],

@@ -167,11 +167,20 @@ def test_weekly_mail_webhook_and_owner_notices_once(
     assert len(weekly) == 1
     mail = weekly[0]
     assert mail["Subject"].startswith("aiscope weekly report: ")
-    assert mail.get_content_type() == "multipart/alternative"
-    parts = [p.get_content_type() for p in mail.iter_parts()]
+    assert mail.get_content_type() == "multipart/mixed"  # the report, then its tables
+    alternative = next(mail.iter_parts())
+    parts = [p.get_content_type() for p in alternative.iter_parts()]
     assert parts == ["text/plain", "text/html"]  # the preferred (HTML) part last
     assert "aiscope weekly report" in mail.get_body(("plain",)).get_content()
-    assert "<html" in mail.get_body(("html",)).get_content()
+    page = mail.get_body(("html",)).get_content()
+    assert "<html" in page
+    # the page refers to what the mail attaches, never to a JSON it does not carry
+    files = {a.get_filename(): a.get_content() for a in mail.iter_attachments()}
+    assert list(files) == ["gpus.csv", "findings.csv"]
+    assert "Attached: gpus.csv (one row per GPU), findings.csv (one row per finding)." in page
+    assert "JSON" not in page
+    assert files["findings.csv"].startswith("kind,node,gpu,uuid,start,end,gpu_hours_lost,")
+    assert len(files["gpus.csv"].splitlines()) == 1 + 32  # the demo's 32 GPUs
     # the owner of the job that holds a GPU with no compute hears about it, by name
     user = query(store, "SELECT user FROM processes WHERE slurm_job_id = '41009' LIMIT 1")[0][0]
     notices = {meta["to"][0]: m for meta, m in got if meta["to"] != ["gpu-platform@example.org"]}
@@ -194,6 +203,29 @@ def test_weekly_mail_webhook_and_owner_notices_once(
     assert len(after) == len(got) + 1
     assert after[-1][0]["to"] == ["gpu-platform@example.org"]
     assert "told before: not sent again" in second.stdout
+
+
+def test_a_cut_table_in_the_mail_points_at_its_attachment(demo_two_day_store: Path) -> None:
+    """More findings than the tables show: the mailed forms send the reader to the attached
+    findings.csv (which has every one), not to "the JSON" (issue 24)."""
+    from aiscope import notify
+    from analyzer.analysis import analyze
+    from report import TOP_N
+
+    doc = analyze([str(demo_two_day_store)], "7d")
+    doc["findings"] = [f for f in doc["findings"] for _ in range(TOP_N)]
+    text, page, files = notify._report_forms(doc)
+    kinds = {f["kind"] for f in doc["findings"]}
+    assert "JSON" not in page and "report.json" not in text
+    assert "all of them in the attached findings.csv" in page
+    assert "all of them in the attached findings.csv" in text
+    findings = dict(files)["findings.csv"].splitlines()
+    assert len(findings) == 1 + len(doc["findings"])
+    assert {line.split(",")[0] for line in findings[1:]} == kinds
+    # the report written by `aiscope report`, which attaches nothing, still names the JSON
+    from report.html import render
+
+    assert "see the JSON" in render(doc)
 
 
 def test_dry_run_sends_and_records_nothing(tmp_path: Path, smtp: Smtp, store: Path) -> None:

@@ -248,6 +248,8 @@ def test_training_through_prometheus_matches_the_store(
     source = through["source"]
     assert source["vocabulary"] == vocabulary and source["points"] > 0
     assert source["missing"]  # what the vocabulary cannot say is said
+    # coverage names the server, never the temporary store it was read into
+    assert [s["store"] for s in through["summary"]["coverage"]["stores"]] == [source["prometheus"]]
 
 
 @pytest.mark.slow

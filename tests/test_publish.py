@@ -194,6 +194,8 @@ def _document(stores: list[str], env: dict[str, str]) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
     doc: dict[str, Any] = json.loads(result.stdout)
     doc.pop("stores", None)  # the inputs' names, which differ by design
+    reach = doc["summary"]["coverage"].pop("stores")  # each input's newest sample, by name
+    assert all(entry["in_window"] for entry in reach), reach
     return doc
 
 

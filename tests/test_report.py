@@ -91,7 +91,7 @@ def test_text_golden_is_plain_when_piped(doc: dict) -> None:
 
 
 def test_unknown_suffix_is_refused(doc: dict, tmp_path: Path) -> None:
-    with pytest.raises(ReportError, match=r"use \.html, \.md or \.json"):
+    with pytest.raises(ReportError, match=r"use \.html, \.md, \.json or \.csv"):
         write(doc, tmp_path / "report.pdf")
     assert not list(tmp_path.iterdir())
 
@@ -203,6 +203,50 @@ def test_html_renders_in_headless_chromium(doc: dict, tmp_path: Path) -> None:
     )
     console, outside = _render(bad, tmp_path / "bad.png", tmp_path)
     assert console and outside == {"http://aiscope-test.invalid/x.png"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1100, 700, 400])
+def test_headline_tiles_leave_none_alone_in_chromium(doc: dict, tmp_path: Path, width: int):
+    """Seven tiles (a priced window) at a desktop, a mail and a phone width: laid out by a real
+    Chromium, no row of tiles holds one tile alone (a 7th tile wrapped onto its own row)."""
+    from report.html import CSS, _cards
+
+    priced = copy.deepcopy(doc)
+    priced["bill"] = {**priced["bill"], "cost": 1234.5, "currency": "USD"}
+    cards = _cards(priced)
+    assert cards.count('class="card"') == 7
+    page = tmp_path / f"tiles-{width}.html"
+    page.write_text(
+        f"<!DOCTYPE html><html><head><style>{CSS}</style></head><body><main>{cards}</main>"
+        '<pre id="tops"></pre><script>document.getElementById("tops").textContent = '
+        "JSON.stringify([...document.querySelectorAll('.card')].map(c => c.offsetTop));"
+        "</script></body></html>"
+    )
+    result = subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--window-size={width},900", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = re.search(r'<pre id="tops">(\[.*?\])</pre>', result.stdout)
+    assert found, result.stdout[-2000:]
+    rows: dict[int, int] = {}
+    for top in json.loads(found.group(1)):
+        rows[top] = rows.get(top, 0) + 1
+    counts = [rows[top] for top in sorted(rows)]
+    assert sum(counts) == 7
+    assert len(counts) == 1 or all(n == 1 for n in counts) or 1 not in counts, counts
+
+
+def test_tile_columns_never_orphan_one() -> None:
+    from report.html import tile_columns
+
+    for tiles in range(1, 13):
+        for columns in tile_columns(tiles):
+            assert columns == 1 or columns >= tiles or tiles % columns != 1, (tiles, columns)
+    assert tile_columns(7) == (7, 4, 1)
+    assert tile_columns(6) == (6, 3, 2)
 
 
 @pytest.mark.slow

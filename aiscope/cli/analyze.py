@@ -13,6 +13,8 @@ from aiscope.cli.common import (
     PrometheusOptions,
     SinceOption,
     ThresholdsOption,
+    TzOption,
+    UntilOption,
     WaitOption,
     analysis_document,
     check_config,
@@ -34,7 +36,9 @@ def analyze_command(
         typer.Option(help="A store file, directory or glob; repeat it to analyze a fleet."),
     ] = None,
     since: SinceOption = "7d",
+    until: UntilOption = None,
     output_format: Annotated[str, typer.Option("--format", help="json or text.")] = "json",
+    tz: TzOption = None,
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
     prometheus_options: PrometheusOptions = NO_PROMETHEUS,
@@ -60,8 +64,13 @@ def analyze_command(
         raise BadInput(f"--format: expected json or text, got {output_format!r}")
     source = prometheus_options.source(store)
     config = config if source is not None else config_beside(config, store)
-    doc = analysis_document(store, since, wait, config, source)
-    typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
+    doc = analysis_document(store, since, wait, config, source, until)
+    if output_format == "json":  # the contract: UTC whatever --tz says
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    from report.content import in_zone  # noqa: PLC0415
+
+    typer.echo(render_text(in_zone(doc, tz)))
 
 
 @with_prometheus_options
@@ -71,13 +80,16 @@ def report_command(
         typer.Option(help="A store file, directory or glob; repeat it to report on a fleet."),
     ] = None,
     since: SinceOption = "7d",
+    until: UntilOption = None,
     out: Annotated[
         list[Path] | None,
         typer.Option(
-            help="Write to FILE: .html (self-contained), .md or .json (the contract). Repeat it "
-            "for several formats from one analysis."
+            help="Write to FILE: .html (self-contained), .md, .json (the contract) or .csv (one "
+            "row per GPU, and findings.csv beside it). Repeat it for several formats from one "
+            "analysis."
         ),
     ] = None,
+    tz: TzOption = None,
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
     prometheus_options: PrometheusOptions = NO_PROMETHEUS,
@@ -92,6 +104,7 @@ def report_command(
       aiscope report --store /var/lib/aiscope
       aiscope report --store 'fleet/*.duckdb' --out report.html
       aiscope report --store fleet/ --since 24h --out today.md
+      aiscope report --store fleet/ --since 2026-11-01 --until 2026-11-08 --out week.csv
       aiscope report --store s3://telemetry/aiscope --out a.html --out a.md --out a.json
       aiscope report --prometheus http://prometheus:9090 --out report.html
       aiscope report --prometheus https://thanos:10902 --prometheus-ca-file ca.pem \\
@@ -104,20 +117,23 @@ def report_command(
         check_out(target)  # before the analysis, which can take a while
         _check_out_writable(target)  # and before any file: not one written, one refused
     config = config if source is not None else config_beside(config, store)
-    doc = analysis_document(store, since, wait, config, source)
+    doc = analysis_document(store, since, wait, config, source, until)
     if source is None:
-        attach_plan(doc, store, wait, config)
+        attach_plan(doc, store, wait, config, until)
     if not out:
+        from report.content import in_zone  # noqa: PLC0415
         from report.text import render  # noqa: PLC0415
 
-        render(doc)
+        render(in_zone(doc, tz))
         return
     for target in out:  # one analysis, every file written from it
         try:
-            write(doc, target)
+            write(doc, target, tz)
         except OSError as exc:
             raise Failure(f"--out {target}: cannot write ({exc.strerror})") from exc
         typer.echo(f"wrote {target}")
+        if target.suffix.lower() == ".csv":
+            typer.echo(f"wrote {target.with_name('findings.csv')}")
 
 
 def _check_out_writable(target: Path) -> None:
@@ -142,7 +158,9 @@ def job_command(
         str | None,
         typer.Option(help="Analysis window ending at the newest sample (default: 7d, or the job)."),
     ] = None,
+    until: UntilOption = None,
     output_format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+    tz: TzOption = None,
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
     slurm: Annotated[
@@ -187,8 +205,15 @@ def job_command(
         raise BadInput(f"--format: expected text or json, got {output_format!r}")
     if not job_id.strip():
         raise BadInput("ID: empty (give a Slurm job id, a pod NAMESPACE/NAME or UID, or a unit)")
-    doc = _job_document(job_id, store, since, wait, config, slurm, ended, node, allocated_gpus)
-    typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_job(doc))
+    doc = _job_document(
+        job_id, store, since, wait, config, slurm, ended, node, allocated_gpus, until
+    )
+    if output_format == "json":  # aiscope.job/1: UTC whatever --tz says
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    from report.content import in_zone  # noqa: PLC0415
+
+    typer.echo(render_job(in_zone(doc, tz)))
 
 
 def _job_document(
@@ -201,6 +226,7 @@ def _job_document(
     ended: bool,
     node: str | None,
     allocated_gpus: str | None,
+    until: str | None = None,
 ) -> dict[str, Any]:
     """The job's summary from the stores, else (a Slurm id no store has) from its AdminComment."""
     from aiscope.slurm import looks_like_slurm_id, read_summary  # noqa: PLC0415
@@ -227,6 +253,7 @@ def _job_document(
                 ended,
                 allocated,
                 accounting_from_file(config),
+                until=until,
             )
             update(1.0)
         return doc

@@ -37,7 +37,47 @@ def seconds_option(value: float) -> float:
 
 
 #: Options that analyze and report share.
-SinceOption = Annotated[str, typer.Option(help="Window length, ending at the newest sample.")]
+SinceOption = Annotated[
+    str,
+    typer.Option(
+        help="Window length, ending at the newest sample (or --until): 90s, 24h, 7d, 1d12h, "
+        "2w3d; or its start, 2026-11-01 or 2026-11-01T08:00 (ISO 8601, UTC unless an offset "
+        "is given)."
+    ),
+]
+
+#: ``--until``: where the window ends (default: the newest sample), for every --since command.
+UntilOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Window end: 2026-11-08 or 2026-11-08T12:00 (ISO 8601, UTC unless an offset is "
+        "given). Default: the newest sample."
+    ),
+]
+
+
+def zone_option(value: str | None) -> str | None:
+    """A ``--tz``: an IANA zone name, checked before any store is read."""
+    if value is not None:
+        from report.content import check_zone  # noqa: PLC0415
+
+        try:
+            check_zone(value)
+        except BadInput as exc:
+            raise typer.BadParameter(str(exc).removeprefix("--tz: ")) from None
+    return value
+
+
+#: ``--tz``: the zone the human views show times in (the JSON stays UTC).
+TzOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tz",
+        help="Show times in this zone (IANA name, e.g. Europe/Berlin; default UTC) in the text, "
+        "Markdown and HTML forms; the JSON and CSV stay in UTC.",
+        callback=zone_option,
+    ),
+]
 
 
 WaitOption = Annotated[
@@ -211,14 +251,23 @@ def with_prometheus_options(command: _Command) -> _Command:
 
 
 def analysis_document(
-    store: list[str] | None, since: str, wait: float, config: Path | None, source: Any = None
+    store: list[str] | None,
+    since: str,
+    wait: float,
+    config: Path | None,
+    source: Any = None,
+    until: str | None = None,
 ) -> dict[str, Any]:
     """The analysis document of the stores (``--store``, else the default store), or of the
     ``--prometheus`` server (``source``)."""
     from analyzer.analysis import analyze  # noqa: PLC0415
     from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
+    from analyzer.window import looks_like_time, parse_window  # noqa: PLC0415
 
+    parse_window(since, until)  # a bad --since or --until before any store is read
+    if source is not None and (until or looks_like_time(since)):
+        raise BadInput("--until and --since TIME read stores; with --prometheus give --since 7d")
     check_stores(store)
     check_config(config)
     thresholds = from_file(config)
@@ -231,7 +280,7 @@ def analysis_document(
             update(1.0)
         return doc
     with progress("analyzing") as update:
-        doc = analyze(store or default_stores(), since, wait, thresholds, accounting)
+        doc = analyze(store or default_stores(), since, wait, thresholds, accounting, until)
         update(1.0)
     return doc
 

@@ -10,6 +10,8 @@ import typer
 
 from aiscope.cli.common import (
     SinceOption,
+    TzOption,
+    UntilOption,
     WaitOption,
     analysis_document,
     config_beside,
@@ -24,6 +26,7 @@ def notify_command(
         typer.Option(help="A store file, directory or glob; repeat it for a fleet."),
     ] = None,
     since: SinceOption = "7d",
+    until: UntilOption = None,
     config: Annotated[
         Path | None,
         typer.Option(help="TOML file with the [notify] table (and [thresholds]).", exists=False),
@@ -46,6 +49,7 @@ def notify_command(
         Path | None,
         typer.Option(help="TOML file with the [notify] table, when not --config (a secret)."),
     ] = None,
+    tz: TzOption = None,
     wait: WaitOption = 10.0,
 ) -> None:
     """Send the weekly report by email (HTML with the text form as the alternative) and to a
@@ -68,7 +72,7 @@ def notify_command(
     config = config_beside(config, store)
     cfg = notify.load_config(notify_config or config)
     stores = store or default_stores()
-    doc = analysis_document(stores, since, wait, config)
+    doc = analysis_document(stores, since, wait, config, until=until)
     users = {h.tenant: h.user for h in holdings(inputs(stores), wait).holdings if h.user}
     notify.run(
         cfg,
@@ -80,6 +84,7 @@ def notify_command(
         dry=dry_run,
         wait_seconds=wait,
         say=typer.echo,
+        tz=tz,
     )
 
 

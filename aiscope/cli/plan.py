@@ -12,6 +12,7 @@ import typer
 from aiscope.cli.common import (
     NO_PROMETHEUS,
     PrometheusOptions,
+    UntilOption,
     WaitOption,
     check_config,
     check_stores,
@@ -36,10 +37,12 @@ def plan_command(
     since: Annotated[
         str | None,
         typer.Option(
-            help="History to read, ending at the newest sample (default: everything stored; "
-            "with --prometheus, 90d)."
+            help="History to read, ending at the newest sample (or --until): a DURATION like "
+            "90d or 8w4d, or its start, 2026-09-01 (default: everything stored; with "
+            "--prometheus, 90d)."
         ),
     ] = None,
+    until: UntilOption = None,
     output_format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
     queue: Annotated[
         Path | None,
@@ -78,12 +81,16 @@ def plan_command(
     if output_format not in ("text", "json"):
         raise BadInput(f"--format: expected text or json, got {output_format!r}")
     source = prometheus_options.source(store)
-    doc = _plan_document(store, horizon, since, wait, config, source, queue)
+    doc = _plan_document(store, horizon, since, wait, config, source, queue, until)
     typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
 
 
 def attach_plan(
-    doc: dict[str, Any], store: list[str] | None, wait: float, config: Path | None
+    doc: dict[str, Any],
+    store: list[str] | None,
+    wait: float,
+    config: Path | None,
+    until: str | None = None,
 ) -> None:
     """Put the capacity plan under ``doc["plan"]`` when it has a forecast (two weeks of history
     or more), for the report's capacity outlook; the week's classes come from the analysis."""
@@ -99,6 +106,7 @@ def attach_plan(
                 site=site_from_file(config),
                 classes=classes,
                 findings=doc["findings"],
+                until=until,  # report --until: the outlook's history ends there too
             )
             update(1.0)
     except AiscopeError as exc:  # the report stands without its outlook
@@ -116,14 +124,22 @@ def _plan_document(
     config: Path | None,
     source: Any = None,
     queue: Path | None = None,
+    until: str | None = None,
 ) -> dict[str, Any]:
     """The plan document of the stores, or of the ``--prometheus`` server (``source``)."""
     from analyzer.plan import parse_horizon, plan, site_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
+    from analyzer.window import looks_like_time, parse_time  # noqa: PLC0415
 
     parse_horizon(horizon)  # bad input before anything is read
-    if since is not None:
+    if since is not None and looks_like_time(since):
+        parse_time(since, "--since")
+    elif since is not None:
         parse_horizon(since, "--since")
+    if until:
+        parse_time(until, "--until")
+    if source is not None and (until or (since and looks_like_time(since))):
+        raise BadInput("--until and --since TIME read stores; with --prometheus give --since 90d")
     check_stores(store)
     config = config if source is not None else config_beside(config, store)
     check_config(config)
@@ -136,6 +152,9 @@ def _plan_document(
             update(1.0)
         return doc
     with progress("planning") as update:
-        doc = plan(store or default_stores(), horizon, since, wait, thresholds, site, queue=queue)
+        doc = plan(
+            store or default_stores(), horizon, since, wait, thresholds, site, queue=queue,
+            until=until,
+        )  # fmt: skip
         update(1.0)
     return doc
