@@ -256,6 +256,7 @@ class AgentCollector(Collector):
         snapshot: Callable[[], Snapshot],
         store_stats: Callable[[], StoreStats],
         version: str,
+        *,
         identity_labels: bool = True,
         pods: PodLookup | None = None,
     ) -> None:

@@ -81,12 +81,17 @@ def main_tenants(data: FleetData) -> dict[str, str]:
 
 def tenant_declaration(data: FleetData, tenant: str) -> Declared | None:
     """A tenant's stored declarations, else its command line's signature."""
+    return choose(_declarations(data, tenant))
+
+
+def _declarations(data: FleetData, tenant: str) -> tuple[Declared, ...]:
+    """Everything a tenant declares: what is stored, and its command line's signature."""
     stored = data.declarations.get(tenant, ())
     if not any(d.source == intent.CMDLINE for d in stored) and tenant in data.tenants:
         found = intent.signature(data.tenants[tenant].command)
         if found is not None:
             stored = (*stored, Declared(found[0], None, str(found[1]), intent.CMDLINE))
-    return choose(stored)
+    return stored
 
 
 def by_gpu(data: FleetData) -> dict[str, tuple[str, Declared]]:
@@ -99,9 +104,18 @@ def by_gpu(data: FleetData) -> dict[str, tuple[str, Declared]]:
     return out
 
 
-def stands_at(d: Declared) -> float:
-    """The confidence the observed class needs to stand against ``d``."""
-    return OBSERVED_STANDS_PROGRAM if d.source == intent.CMDLINE else OBSERVED_STANDS
+def stands_at(d: Declared, concurring: tuple[Declared, ...] = ()) -> float:
+    """The confidence the observed class needs to stand against ``d``: the program's own
+    signature's bar when it, or a declaration of the same class beside it, is one (a
+    Deployment whose containers run vllm declares serving twice, once in the program itself)."""
+    sources = {d.source} | {c.source for c in concurring if c.implies == d.implies}
+    return OBSERVED_STANDS_PROGRAM if intent.CMDLINE in sources else OBSERVED_STANDS
+
+
+def bar(data: FleetData, tenant: str) -> float:
+    """The confidence the observed class needs to stand against what ``tenant`` declares."""
+    d = tenant_declaration(data, tenant)
+    return OBSERVED_STANDS if d is None else stands_at(d, _declarations(data, tenant))
 
 
 def to_json(found: tuple[str, Declared] | None) -> dict[str, Any] | None:
@@ -140,7 +154,7 @@ def _weigh(v: GpuVerdict, tenant: str, d: Declared, data: FleetData) -> GpuVerdi
         raised = round(min(MAX_CONFIDENCE, v.confidence + AGREE_GAIN * (1 - v.confidence)), 2)
         note = f"declared {what} agrees (confidence {v.confidence:.2f} -> {raised:.2f})"
         return _replace(v, v.gpu_class, raised, (*v.evidence, note), v.segments)
-    needed = stands_at(d)
+    needed = bar(data, tenant)
     if v.confidence >= needed:
         note = (
             f"declared {what}, but the behaviour says {v.gpu_class} on strong evidence "
@@ -208,7 +222,8 @@ def detect(ctx: Context, explained: frozenset[tuple[str, float]]) -> Detected:
         if view is None or view.verdict is None or d.implies is None:
             continue
         v = view.verdict
-        if v.gpu_class in (d.implies, "idle") or v.confidence < stands_at(d):
+        needed = bar(ctx.data, tenant)
+        if v.gpu_class in (d.implies, "idle") or v.confidence < needed:
             continue
         finding = _mismatch(ctx, view, tenant, d, spans[tenant])
         if finding is not None:

@@ -197,7 +197,9 @@ def _pod_exposition(tmp_path: Path, clock: FakeClock, api_url: str) -> tuple[str
     sampler.tick()
     sampler.scan_processes()
     native = render(
-        build_registry([AgentCollector(sampler.snapshot, store.stats, "1", pods.lookup)], False)
+        build_registry(
+            [AgentCollector(sampler.snapshot, store.stats, "1", pods=pods.lookup)], False
+        )
     ).decode()
     dcgm = render(build_registry([DcgmCompatCollector(sampler.snapshot, pods.lookup)], False))
     sampler.stop()

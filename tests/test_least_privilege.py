@@ -98,7 +98,9 @@ def test_the_network_policy_admits_only_the_monitoring_namespace_on_the_metrics_
     assert [p["name"] for p in agent["ports"]] == ["metrics"]
 
 
-def test_the_daemonset_drops_identity_labels_and_may_only_list_pods(tmp_path) -> None:
+def test_the_daemonset_drops_identity_labels_lists_only_pods_and_reads_only_owners(
+    tmp_path,
+) -> None:
     docs = _built()
     config = docs[("ConfigMap", "aiscope-config")]["data"]["aiscope.toml"]
     toml = tmp_path / "aiscope.toml"
@@ -107,9 +109,13 @@ def test_the_daemonset_drops_identity_labels_and_may_only_list_pods(tmp_path) ->
         {"store": str(tmp_path / "s.duckdb"), "listen": "127.0.0.1:0"}, env={}, config_file=toml
     )
     assert agent.identity_labels is False
-    # RBAC cannot restrict a list to a field selector (docs/deploy.md): list pods, nothing more.
+    # RBAC cannot restrict a list to a field selector (docs/deploy.md): list pods, nothing more;
+    # and get (never list, watch or write) the controllers that own them, for declared intent.
     role = docs[("ClusterRole", "aiscope-agent")]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    assert role["rules"][0] == {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+    owners = {r for rule in role["rules"][1:] for r in rule["resources"]}
+    assert owners == {"replicasets", "statefulsets", "deployments", "jobs", "rayclusters"}
+    assert all(rule["verbs"] == ["get"] for rule in role["rules"][1:])
     assert not [k for k in docs if k[0] in ("Role", "RoleBinding")]
 
 
