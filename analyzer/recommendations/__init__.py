@@ -76,11 +76,15 @@ def register(cls: type[Any]) -> type[Any]:
 #: sample intervals); below it the kind reports "not enough data" instead of advising (issue 24:
 #: 30 s of a live agent gave "Run a training cluster with quotas" and "0 useful GPU-hours on
 #: 0 kWh"). A reservation needs a daily cycle seen more than twice; a split, a consolidation and
-#: the platform decision a quarter of a day of concurrency; power an hour of draw.
+#: the platform decision a quarter of a day of concurrency, and so does a right-sizing onto a
+#: slice (its peak memory and compute share); power and a placement (the job's measured
+#: waiting) an hour.
 MIN_EVIDENCE_SECONDS: dict[str, float] = {
     "reservation": 3 * 86400.0,
     "split": 6 * 3600.0,
     "consolidate": 6 * 3600.0,
+    "rightsize": 6 * 3600.0,
+    "placement": 3600.0,
     "power": 3600.0,
     "platform": 6 * 3600.0,
 }
