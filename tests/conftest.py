@@ -94,8 +94,9 @@ def run_aiscope(
 
 
 def require_tool(name: str) -> str:
-    """The path of an external tool; skip without it, unless CI demands it."""
-    path = shutil.which(name)
+    """The path of an external tool (on PATH, or installed into this interpreter's environment
+    by the dev extra, as gcp-storage-emulator is); skip without it, unless CI demands it."""
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if path:
         return path
     if os.environ.get("AISCOPE_REQUIRE_TOOLS"):
