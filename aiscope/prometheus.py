@@ -19,6 +19,7 @@ from analyzer.plan import Site, parse_horizon, plan
 from analyzer.prices import Accounting
 from analyzer.thresholds import Thresholds
 from ingest.prometheus import PrometheusSource, read
+from store.masking import mask_url
 
 
 def analyze_prometheus(
@@ -44,10 +45,12 @@ def analyze_prometheus(
         analyzed = time.monotonic()
     doc["stores"] = []
     # The temporary store is no input of the user's: the server is (its name, not the file's).
+    # Masked, as everywhere a URL is shown (an ?apikey= in it is a secret).
     coverage = doc["summary"]["coverage"]
-    coverage["stores"] = [{**s, "store": source.url} for s in coverage.get("stores", [])]
+    shown = mask_url(source.url)
+    coverage["stores"] = [{**s, "store": shown} for s in coverage.get("stores", [])]
     coverage["window_notes"] = [
-        n.replace(f"store {path}", f"--prometheus {source.url}")
+        n.replace(f"store {path}", f"--prometheus {shown}")
         for n in coverage.get("window_notes", [])
     ]
     doc["source"] = report.to_json()

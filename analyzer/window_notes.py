@@ -15,6 +15,7 @@ from typing import Any
 
 from analyzer.load import FleetData
 from analyzer.window import DEFAULT_SINCE, Window
+from store.masking import mask_url
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,8 @@ def window_coverage(data: FleetData, asked: Window, since: str) -> dict[str, Any
     stores: list[dict[str, Any]] = []
     notes: list[str] = []
     reach = data.reach
-    for name, newest in reach.inputs if reach is not None else ():
+    for found, newest in reach.inputs if reach is not None else ():
+        name = mask_url(found) if "://" in found else found  # a location's secrets never show
         outside = newest is None or newest < data.window_start
         stores.append(
             {
