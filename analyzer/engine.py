@@ -1,0 +1,215 @@
+"""Where the analysis's stages run: one small interface, three engines (issue #25).
+
+A stage is an ordinary function of the analyzer. An engine runs it over items (batches of
+nodes) and hands the results back in the items' order:
+
+=========  ========================================================================================
+serial     in this process, one item after another (tests, one core, ``--engine serial``)
+pool       a local process pool (:mod:`concurrent.futures`), the default on more than one core
+ray        Ray core tasks and the object store (``--engine ray --address auto|ray://HOST:10001``)
+=========  ========================================================================================
+
+The interface has three verbs:
+
+* :meth:`Engine.broadcast` puts a value where every task can read it once (Ray's object store;
+  the pool sends it with each task, a batch of nodes being a few tasks per worker);
+* :meth:`Engine.map` runs ``fn(item, shared)`` for each item;
+* :meth:`Engine.shuffle_reduce` runs ``fn(item, shared)`` for each item, each returning
+  ``(key, value)`` pairs, groups the values by key across every item (a key goes to one
+  reducer, chosen by a stable hash of the key, never Python's salted :func:`hash`), then runs
+  ``reduce(key, values, shared)`` once per key. Values reach a reducer in the items' order and,
+  within an item, in the order the mapper returned them, so every engine gives the same
+  result.
+
+Only :mod:`analyzer.rayengine` imports Ray, and only when ``--engine ray`` is asked for: it is
+an optional extra (``pip install 'aiscope[ray]'``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import zlib
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from store.errors import BadInput, Failure
+
+T = TypeVar("T")
+R = TypeVar("R")
+S = TypeVar("S")
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+ENGINES = ("serial", "pool", "ray")
+RAY_INSTALL = "pip install 'aiscope[ray]'"
+
+
+class EngineError(Failure):
+    """A stage failed inside an engine (a worker died, the Ray cluster went away)."""
+
+
+class EngineUnavailable(BadInput):
+    """The asked engine cannot run here: Ray is not installed, or its address is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shared(Generic[S]):
+    """A broadcast value, as the engine keeps it (the value itself, or Ray's object ref)."""
+
+    handle: Any
+
+
+class Engine(Protocol):
+    name: str
+
+    @property
+    def workers(self) -> int:
+        """How many tasks run at once (what batch sizes are planned for)."""
+        ...
+
+    def broadcast(self, value: S) -> Shared[S]: ...
+
+    def map(self, fn: Callable[[T, S], R], items: Sequence[T], shared: Shared[S]) -> list[R]: ...
+
+    def shuffle_reduce(
+        self,
+        fn: Callable[[T, S], Iterable[tuple[K, V]]],
+        items: Sequence[T],
+        reduce: Callable[[K, list[V], S], R],
+        shared: Shared[S],
+    ) -> dict[K, R]: ...
+
+    def close(self) -> None: ...
+
+
+def stable_partition(key: Hashable, partitions: int) -> int:
+    """The reducer a key goes to: the same in every process (``repr`` through CRC-32)."""
+    return zlib.crc32(repr(key).encode()) % max(partitions, 1)
+
+
+def _group(outputs: Iterable[Iterable[tuple[K, V]]]) -> dict[K, list[V]]:
+    grouped: dict[K, list[V]] = {}
+    for pairs in outputs:
+        for key, value in pairs:
+            grouped.setdefault(key, []).append(value)
+    return grouped
+
+
+class SerialEngine:
+    """Every task in this process, in order."""
+
+    name = "serial"
+
+    @property
+    def workers(self) -> int:
+        return 1
+
+    def broadcast(self, value: S) -> Shared[S]:
+        return Shared(value)
+
+    def map(self, fn: Callable[[T, S], R], items: Sequence[T], shared: Shared[S]) -> list[R]:
+        return [fn(item, shared.handle) for item in items]
+
+    def shuffle_reduce(
+        self,
+        fn: Callable[[T, S], Iterable[tuple[K, V]]],
+        items: Sequence[T],
+        reduce: Callable[[K, list[V], S], R],
+        shared: Shared[S],
+    ) -> dict[K, R]:
+        grouped = _group(list(fn(item, shared.handle)) for item in items)
+        return {key: reduce(key, values, shared.handle) for key, values in grouped.items()}
+
+    def close(self) -> None:
+        return None
+
+
+def _call(fn: Callable[[T, S], R], item: T, shared: S) -> R:
+    return fn(item, shared)
+
+
+def _pairs(fn: Callable[[T, S], Iterable[tuple[K, V]]], item: T, shared: S) -> list[tuple[K, V]]:
+    return list(fn(item, shared))
+
+
+def _reduce_many(
+    reduce: Callable[[K, list[V], S], R], groups: list[tuple[K, list[V]]], shared: S
+) -> list[tuple[K, R]]:
+    return [(key, reduce(key, values, shared)) for key, values in groups]
+
+
+class PoolEngine:
+    """A local process pool. Workers start with ``forkserver`` (never ``fork`` from a process
+    that holds DuckDB's threads), so a stage function must be importable: a module-level
+    function of the analyzer."""
+
+    name = "pool"
+
+    def __init__(self, workers: int | None = None) -> None:
+        self._workers = max(1, workers or os.cpu_count() or 1)
+        context = multiprocessing.get_context("forkserver")
+        self._pool = concurrent.futures.ProcessPoolExecutor(self._workers, mp_context=context)
+
+    @property
+    def workers(self) -> int:
+        return self._workers
+
+    def broadcast(self, value: S) -> Shared[S]:
+        return Shared(value)
+
+    def map(self, fn: Callable[[T, S], R], items: Sequence[T], shared: Shared[S]) -> list[R]:
+        futures = [self._pool.submit(_call, fn, item, shared.handle) for item in items]
+        return [self._result(f) for f in futures]
+
+    def shuffle_reduce(
+        self,
+        fn: Callable[[T, S], Iterable[tuple[K, V]]],
+        items: Sequence[T],
+        reduce: Callable[[K, list[V], S], R],
+        shared: Shared[S],
+    ) -> dict[K, R]:
+        mapped = [self._pool.submit(_pairs, fn, item, shared.handle) for item in items]
+        grouped = _group(self._result(f) for f in mapped)
+        partitions: list[list[tuple[K, list[V]]]] = [[] for _ in range(self._workers)]
+        for key, values in grouped.items():
+            partitions[stable_partition(key, self._workers)].append((key, values))
+        reduced = [
+            self._pool.submit(_reduce_many, reduce, part, shared.handle)
+            for part in partitions
+            if part
+        ]
+        out: dict[K, R] = {}
+        for f in reduced:
+            out.update(self._result(f))
+        return {key: out[key] for key in grouped}  # the serial engine's key order
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    @staticmethod
+    def _result(future: concurrent.futures.Future[R]) -> R:
+        try:
+            return future.result()
+        except concurrent.futures.process.BrokenProcessPool as e:
+            raise EngineError(f"engine pool: a worker process died ({e})") from e
+
+
+def make_engine(name: str, address: str | None = None, workers: int | None = None) -> Engine:
+    """The engine ``--engine NAME`` asks for (``address`` only for Ray)."""
+    if name == "serial":
+        return SerialEngine()
+    if name == "pool":
+        return PoolEngine(workers)
+    if name == "ray":
+        from analyzer.rayengine import RayEngine  # noqa: PLC0415  (Ray is an optional extra)
+
+        return RayEngine(address or "auto")
+    raise EngineUnavailable(f"--engine {name}: not one of {', '.join(ENGINES)}")
+
+
+def default_engine_name() -> str:
+    """``pool`` on a machine with more than one core, else ``serial``."""
+    return "pool" if (os.cpu_count() or 1) > 1 else "serial"
