@@ -269,8 +269,13 @@ def _stores_beside_segments(directory: str) -> list[Path]:
     return found
 
 
-def _union(aliases: list[str], table: str) -> str:
-    return " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
+def _union(aliases: list[str], table: str, scoped: bool = False) -> str:
+    """Every input's ``table`` by name; ``scoped``: only the rows of a task's nodes (the temp
+    table ``batch_nodes``, :func:`load_nodes`)."""
+    union = " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
+    if scoped:
+        return f"SELECT * FROM ({union}) WHERE node IN (SELECT node FROM batch_nodes)"
+    return union
 
 
 def bucket_for(window_seconds: float, interval_seconds: float | None) -> int:
@@ -279,6 +284,27 @@ def bucket_for(window_seconds: float, interval_seconds: float | None) -> int:
     window, at least two samples per bucket)."""
     floor = 2 * (interval_seconds or 1.0)
     return int(max(min(BUCKET_SECONDS, window_seconds / 720.0), floor, 1.0))
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPlan:
+    """What the driver decides before any node is read (issue #25's plan): the inputs, the
+    window ``[window_start, window_end)`` on whole buckets, the sample interval, what the data
+    reaches, and the nodes with data in the window (sorted), which tasks then read in batches
+    (:func:`load_nodes`). Small and picklable: it travels to every task."""
+
+    inputs: tuple[sf.Input, ...]
+    timeout_seconds: float
+    #: The days of segments listed (``None``: every day), as :func:`store.storefile.attach_inputs`
+    #: takes them: the same for the plan and for every task, so all read the same rows.
+    days_seconds: float | None
+    window_start: float
+    window_end: float
+    bucket_seconds: int
+    sample_interval_seconds: float | None
+    ignored_future_samples: int
+    reach: Reach
+    nodes: tuple[str, ...]
 
 
 @sf.reads_stores
@@ -294,32 +320,199 @@ def load(
     sample of every store, or, with ``until`` (epoch seconds), ending there (the plan
     classifies past weeks this way; ``--until``); ``start_at`` (``--since TIME``) starts it at
     a time instead. Its edges fall on whole buckets: ``[start, end)``, both multiples of the
-    bucket length."""
+    bucket length.
+
+    The plan (:func:`plan_window`) and one batch of every node (:func:`load_nodes`), merged
+    (:func:`merge`), over one connection: the inputs are attached once."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
-        # A past window may lie in any day: every day of the segments is listed then.
         days = since_seconds if until is None and start_at is None else None
         aliases = sf.attach_inputs(con, list(paths), timeout, days)
-        con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
-        first, newest, ignored = _window_end(con, paths)
-        newest = newest if until is None else min(newest, until)
-        if start_at is not None:
-            if start_at >= newest:
-                raise InputError(
-                    f"--since: starts at or after the newest sample ({sf_iso(newest)}); "
-                    "nothing to analyze"
-                )
-            since_seconds = newest - start_at
-        interval = _interval(con, max(newest - since_seconds, first), newest)
-        bucket = bucket_seconds or bucket_for(min(since_seconds, newest - first + 1.0), interval)
-        start, end = whole_buckets(first, newest, since_seconds, bucket, until, start_at)
-        reach = _reach(con, paths, aliases, first)
-        _materialize(con, aliases, start, end, bucket)
+        plan = _plan_on(
+            con, paths, aliases, since_seconds, timeout, days, bucket_seconds, until, start_at
+        )
+        _materialize(con, aliases, plan.window_start, plan.window_end, plan.bucket_seconds)
         sf.detach_inputs(con, aliases)
-        data = _fetch(con, start, end, bucket, interval)
-        return dataclasses.replace(data, ignored_future_samples=ignored, reach=reach)
+        return merge(plan, [_fetch(con, plan)])
     finally:
         con.close()
+
+
+@sf.reads_stores
+def plan_window(
+    paths: Sequence[sf.Input],
+    since_seconds: float,
+    timeout: float = 10.0,
+    bucket_seconds: int | None = None,
+    until: float | None = None,
+    start_at: float | None = None,
+) -> WindowPlan:
+    """The window :func:`load` would read (same arguments), and its nodes: the driver's cheap
+    queries, before tasks read the nodes in batches (:func:`load_nodes`)."""
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    try:
+        days = since_seconds if until is None and start_at is None else None
+        aliases = sf.attach_inputs(con, list(paths), timeout, days)
+        plan = _plan_on(
+            con, paths, aliases, since_seconds, timeout, days, bucket_seconds, until, start_at
+        )
+        sf.detach_inputs(con, aliases)
+        return plan
+    finally:
+        con.close()
+
+
+def _plan_on(
+    con: duckdb.DuckDBPyConnection,
+    paths: Sequence[sf.Input],
+    aliases: list[str],
+    since_seconds: float,
+    timeout: float,
+    days: float | None,
+    bucket_seconds: int | None,
+    until: float | None,
+    start_at: float | None,
+) -> WindowPlan:
+    con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
+    first, newest, ignored = _window_end(con, paths)
+    newest = newest if until is None else min(newest, until)
+    if start_at is not None:
+        if start_at >= newest:
+            raise InputError(
+                f"--since: starts at or after the newest sample ({sf_iso(newest)}); "
+                "nothing to analyze"
+            )
+        since_seconds = newest - start_at
+    interval = _interval(con, max(newest - since_seconds, first), newest)
+    bucket = bucket_seconds or bucket_for(min(since_seconds, newest - first + 1.0), interval)
+    start, end = whole_buckets(first, newest, since_seconds, bucket, until, start_at)
+    reach = _reach(con, paths, aliases, first)
+    nodes = _nodes(con, aliases, start, end)
+    return WindowPlan(
+        tuple(paths), timeout, days, start, end, bucket, interval, ignored, reach, nodes
+    )
+
+
+#: The tables whose rows a node's task reads within the window: a node with any of them in the
+#: window is planned (a node without GPUs still has host samples and agent events).
+_WINDOWED = (
+    sf.GPU_SAMPLES,
+    sf.HOST_SAMPLES,
+    sf.NET_SAMPLES,
+    sf.CGROUP_SAMPLES,
+    sf.PROCESS_SAMPLES,
+    sf.AGENT_EVENTS,
+)
+
+
+def _nodes(
+    con: duckdb.DuckDBPyConnection, aliases: list[str], start: float, end: float
+) -> tuple[str, ...]:
+    """Every node with a row of :data:`_WINDOWED` in ``[start, end)``, sorted as SQL sorts
+    text (by code point, as Python does)."""
+    parts = " UNION ".join(
+        f"SELECT DISTINCT node FROM ({_union(aliases, t)}) WHERE ts >= $s AND ts < $e"
+        for t in _WINDOWED
+    )
+    rows = con.execute(f"SELECT node FROM ({parts}) WHERE node IS NOT NULL", {"s": start, "e": end})
+    return tuple(sorted(str(n) for (n,) in rows.fetchall()))
+
+
+def load_nodes(batch: Sequence[str], plan: WindowPlan) -> FleetData:
+    """Map A's task: the plan's window for the nodes of ``batch`` only, read by this task from
+    the inputs themselves (the driver never holds raw rows). Each task attaches every input, so
+    a node that is in a store and in published segments counts once, as in :func:`load`."""
+    return _read_nodes(plan.inputs, tuple(batch), plan)
+
+
+@sf.reads_stores
+def _read_nodes(paths: Sequence[sf.Input], batch: tuple[str, ...], plan: WindowPlan) -> FleetData:
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    try:
+        aliases = sf.attach_inputs(con, list(paths), plan.timeout_seconds, plan.days_seconds)
+        con.execute(
+            "CREATE TEMP TABLE batch_nodes AS SELECT unnest($n::VARCHAR[]) AS node",
+            {"n": list(batch)},
+        )
+        con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES, scoped=True)}")
+        _materialize(
+            con, aliases, plan.window_start, plan.window_end, plan.bucket_seconds, scoped=True
+        )
+        sf.detach_inputs(con, aliases)
+        return _fetch(con, plan)
+    finally:
+        con.close()
+
+
+def merge(plan: WindowPlan, parts: Sequence[FleetData]) -> FleetData:
+    """Merge A: the batches' partial data as one fleet, in :func:`load`'s order (batches are
+    consecutive runs of the plan's sorted nodes): GPUs, hosts and cgroups by node as they come;
+    tenancy by GPU uuid; a tenant's identity from its first bucket over the fleet (by uuid, then
+    time); declarations of the window's tenants only, sorted."""
+    tenancy = {u: t for part in parts for u, t in part.tenancy.items()}
+    tenancy = {u: tenancy[u] for u in sorted(tenancy)}
+    events: dict[str, int] = {}
+    for part in parts:
+        for kind, n in part.events.items():
+            events[kind] = events.get(kind, 0) + n
+    return FleetData(
+        window_start=plan.window_start,
+        window_end=plan.window_end,
+        bucket_seconds=plan.bucket_seconds,
+        gpus=tuple(g for part in parts for g in part.gpus),
+        buckets={u: b for part in parts for u, b in part.buckets.items()},
+        hints={u: h for part in parts for u, h in part.hints.items()},
+        sample_interval_seconds=plan.sample_interval_seconds,
+        hosts={n: h for part in parts for n, h in part.hosts.items()},
+        tenants=_first_tenants(parts, tenancy),
+        tenancy=tenancy,
+        cgroups={k: c for part in parts for k, c in part.cgroups.items()},
+        events={k: events[k] for k in sorted(events)},
+        ignored_future_samples=plan.ignored_future_samples,
+        declarations=_declarations(parts, tenancy),
+        reach=plan.reach,
+    )
+
+
+def _first_tenants(
+    parts: Sequence[FleetData], tenancy: dict[str, tuple[TenantBucket, ...]]
+) -> dict[str, Tenant]:
+    """Each tenant as its first bucket (by GPU uuid, then time) names it, in that order."""
+    first: dict[str, tuple[str, float]] = {}
+    for uuid, present in tenancy.items():  # sorted by uuid; each GPU's buckets by time
+        for tb in present:
+            if tb.tenant not in first or (uuid, tb.start) < first[tb.tenant]:
+                first[tb.tenant] = (uuid, tb.start)
+    owner: dict[str, Tenant] = {}
+    for part in parts:
+        uuids = set(part.tenancy)
+        for name, tenant in part.tenants.items():
+            if name in first and first[name][0] in uuids:
+                owner[name] = tenant
+    return {n: owner[n] for n in sorted(owner, key=lambda n: (*first[n], n))}
+
+
+def _declarations(
+    parts: Sequence[FleetData], tenancy: dict[str, tuple[TenantBucket, ...]]
+) -> dict[str, tuple[Declared, ...]]:
+    """The declarations of tenants that held a GPU in the window, distinct and sorted as SQL's
+    ``ORDER BY ALL`` sorts them (NULLs last)."""
+    present = {tb.tenant for buckets in tenancy.values() for tb in buckets}
+    rows = {
+        (tenant, d.source, d.kind, d.name, d.implies)
+        for part in parts
+        for tenant, found in part.declarations.items()
+        if tenant in present
+        for d in found
+    }
+    out: dict[str, list[Declared]] = {}
+    for tenant, source, kind, name, implies in sorted(rows, key=_nulls_last):
+        out.setdefault(tenant, []).append(Declared(kind, name, implies, source))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _nulls_last(row: tuple[str | None, ...]) -> tuple[tuple[bool, str], ...]:
+    return tuple((v is None, v or "") for v in row)
 
 
 def whole_buckets(
@@ -440,8 +633,14 @@ def _window_end(
 
 
 def _materialize(
-    con: duckdb.DuckDBPyConnection, aliases: list[str], start: float, end: float, bucket: int
+    con: duckdb.DuckDBPyConnection,
+    aliases: list[str],
+    start: float,
+    end: float,
+    bucket: int,
+    scoped: bool = False,
 ) -> None:
+    """The window's tables, from the view ``g`` and the inputs (``scoped``: a task's nodes)."""
     con.execute(
         "CREATE TABLE buckets AS SELECT node, uuid, min(gpu_index) AS idx, "
         "floor(ts / $b) * $b AS start, count(*) AS samples, count(*) FILTER (WHERE up) AS ups, "
@@ -457,25 +656,26 @@ def _materialize(
         "FROM g WHERE ts >= $s AND ts < $e GROUP BY ALL",
         {"b": bucket, "s": start, "e": end, "limits": THROTTLE_REASONS},
     )
-    _materialize_host(con, aliases, start, end, bucket)
-    _materialize_tenancy(con, aliases, start, end, bucket)
-    _materialize_declarations(con, aliases)
+    _materialize_host(con, aliases, start, end, bucket, scoped)
+    _materialize_tenancy(con, aliases, start, end, bucket, scoped)
+    _materialize_declarations(con, aliases, scoped)
     con.execute(
         "CREATE TABLE events AS SELECT kind, count(*) AS n "
-        f"FROM ({_union(aliases, sf.AGENT_EVENTS)}) WHERE ts >= $s AND ts < $e GROUP BY kind",
+        f"FROM ({_union(aliases, sf.AGENT_EVENTS, scoped)}) "
+        "WHERE ts >= $s AND ts < $e GROUP BY kind",
         {"s": start, "e": end},
     )
     con.execute(
         f"CREATE TABLE devices AS SELECT node, uuid, any_value(gpu_index) AS gpu_index, "
         f"any_value(name) AS name, max(memory_total_bytes) AS total, "
         f"max(power_limit_watts) AS power_limit, {_mig_columns(con, aliases)} "
-        f"FROM ({_union(aliases, sf.DEVICES)}) GROUP BY 1, 2"
+        f"FROM ({_union(aliases, sf.DEVICES, scoped)}) GROUP BY 1, 2"
     )
     con.execute(
         "CREATE TABLE hints AS SELECT DISTINCT s.uuid, coalesce(p.comm, '') AS comm, "
         "coalesce(p.cmdline, '') AS cmdline "
-        f"FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) s "
-        f"JOIN ({_union(aliases, sf.PROCESSES)}) p "
+        f"FROM ({_union(aliases, sf.PROCESS_SAMPLES, scoped)}) s "
+        f"JOIN ({_union(aliases, sf.PROCESSES, scoped)}) p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
         "WHERE s.ts >= $s AND s.ts < $e",
         {"s": start, "e": end},
@@ -497,7 +697,12 @@ def _mig_columns(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> str:
 
 
 def _materialize_host(
-    con: duckdb.DuckDBPyConnection, aliases: list[str], start: float, end: float, bucket: int
+    con: duckdb.DuckDBPyConnection,
+    aliases: list[str],
+    start: float,
+    end: float,
+    bucket: int,
+    scoped: bool = False,
 ) -> None:
     params = {"b": bucket, "s": start, "e": end}
     con.execute(
@@ -505,7 +710,8 @@ def _materialize_host(
         "avg(cpu_busy_ratio) AS busy, avg(cpu_iowait_ratio) AS iowait, "
         "avg(psi_cpu_some_ratio) AS psi_cpu, avg(psi_io_some_ratio) AS psi_io, "
         "avg(disk_read_bytes_per_second) AS disk_read, max(cpu_count) AS cpus "
-        f"FROM ({_union(aliases, sf.HOST_SAMPLES)}) WHERE ts >= $s AND ts < $e GROUP BY ALL",
+        f"FROM ({_union(aliases, sf.HOST_SAMPLES, scoped)}) "
+        "WHERE ts >= $s AND ts < $e GROUP BY ALL",
         params,
     )
     con.execute(
@@ -513,20 +719,26 @@ def _materialize_host(
         "sum(v) FILTER (WHERE kind = 'nic') AS nic FROM ("
         "SELECT node, kind, device, floor(ts / $b) * $b AS start, "
         "avg(coalesce(rx_bytes_per_second, 0) + coalesce(tx_bytes_per_second, 0)) AS v "
-        f"FROM ({_union(aliases, sf.NET_SAMPLES)}) WHERE ts >= $s AND ts < $e GROUP BY ALL"
+        f"FROM ({_union(aliases, sf.NET_SAMPLES, scoped)}) WHERE ts >= $s AND ts < $e GROUP BY ALL"
         ") GROUP BY ALL",
         params,
     )
     con.execute(
         "CREATE TABLE cg AS SELECT node, cgroup, floor(ts / $b) * $b AS start, "
         "avg(cpu_cores) AS cores, max(cpu_limit_cores) AS lim "
-        f"FROM ({_union(aliases, sf.CGROUP_SAMPLES)}) WHERE ts >= $s AND ts < $e GROUP BY ALL",
+        f"FROM ({_union(aliases, sf.CGROUP_SAMPLES, scoped)}) "
+        "WHERE ts >= $s AND ts < $e GROUP BY ALL",
         params,
     )
 
 
 def _materialize_tenancy(
-    con: duckdb.DuckDBPyConnection, aliases: list[str], start: float, end: float, bucket: int
+    con: duckdb.DuckDBPyConnection,
+    aliases: list[str],
+    start: float,
+    end: float,
+    bucket: int,
+    scoped: bool = False,
 ) -> None:
     """Which tenant held memory on which GPU in each bucket (processes summed per tenant)."""
     con.execute(
@@ -536,8 +748,8 @@ def _materialize_tenancy(
         "any_value(k.namespace) AS ns, any_value(p.slurm_job_id) AS job, "
         "sum(s.used_memory_bytes) / count(DISTINCT s.ts) AS mem, "
         "sum(s.sm_utilization_ratio) / count(DISTINCT s.ts) AS sm "
-        f"FROM ({_union(aliases, sf.PROCESS_SAMPLES)}) s "
-        f"JOIN ({_union(aliases, sf.PROCESSES)}) p "
+        f"FROM ({_union(aliases, sf.PROCESS_SAMPLES, scoped)}) s "
+        f"JOIN ({_union(aliases, sf.PROCESSES, scoped)}) p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
         f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid "
         "WHERE s.ts >= $s AND s.ts < $e GROUP BY s.uuid, tenant, 3",
@@ -545,17 +757,21 @@ def _materialize_tenancy(
     )
 
 
-def _materialize_declarations(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> None:
+def _materialize_declarations(
+    con: duckdb.DuckDBPyConnection, aliases: list[str], scoped: bool = False
+) -> None:
     """What the window's tenants declare, joined by the subject their processes give
-    (``store.intent.SUBJECT_SQL``); none from stores written before schema 3."""
+    (``store.intent.SUBJECT_SQL``); none from stores written before schema 3. A task's nodes
+    (``scoped``) give every tenant's: a tenant may hold a GPU only on another batch's node, so
+    :func:`merge` keeps those of the whole window's tenants."""
+    only_held = "" if scoped else "WHERE tenant IN (SELECT DISTINCT tenant FROM tenancy)"
     con.execute(
         f"CREATE TABLE declared AS SELECT DISTINCT {TENANT_SQL} AS tenant, d.source, d.kind, "
         "d.name, d.implies "
-        f"FROM ({_union(aliases, sf.PROCESSES)}) p "
+        f"FROM ({_union(aliases, sf.PROCESSES, scoped)}) p "
         f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid "
-        f"JOIN ({_union(aliases, Declaration.TABLE)}) d "
-        f"ON d.node = p.node AND d.subject = {intent.SUBJECT_SQL} "
-        "WHERE tenant IN (SELECT DISTINCT tenant FROM tenancy)"
+        f"JOIN ({_union(aliases, Declaration.TABLE, scoped)}) d "
+        f"ON d.node = p.node AND d.subject = {intent.SUBJECT_SQL} {only_held}"
     )
 
 
@@ -599,9 +815,8 @@ def _interval(con: duckdb.DuckDBPyConnection, start: float, end: float) -> float
     return None if row is None or row[0] is None else float(row[0])
 
 
-def _fetch(
-    con: duckdb.DuckDBPyConnection, start: float, end: float, bucket: int, interval: float | None
-) -> FleetData:
+def _fetch(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetData:
+    """The materialized tables as records (one batch's nodes, or all of them)."""
     every = _distinct_indexes(
         [
             GpuInfo(
@@ -641,13 +856,13 @@ def _fetch(
         tenancy=tenancy,
         cgroups=_fetch_cgroups(con),
         events={k: int(n) for k, n in con.execute("SELECT kind, n FROM events").fetchall()},
-        window_start=start,
-        window_end=end,
-        bucket_seconds=bucket,
+        window_start=plan.window_start,
+        window_end=plan.window_end,
+        bucket_seconds=plan.bucket_seconds,
         gpus=gpus,
         buckets={k: tuple(v) for k, v in buckets.items()},
         hints={k: tuple(sorted(set(v))) for k, v in hints.items()},
-        sample_interval_seconds=interval,
+        sample_interval_seconds=plan.sample_interval_seconds,
         declarations=_fetch_declarations(con),
     )
 

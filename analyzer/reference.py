@@ -17,8 +17,8 @@ memory total   the device's reported total; else the size in the model's name ("
 from __future__ import annotations
 
 import re
-import statistics
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -96,22 +96,78 @@ def computed(b: Bucket, ref: PowerRef, th: Thresholds) -> bool | None:
     return None if load is None else load > 2 * th.idle_util_ratio
 
 
-def references(data: FleetData, th: Thresholds) -> dict[str, PowerRef]:
-    """Every GPU's references (one pass over the buckets; one median per model)."""
-    idle_by_model: dict[str, list[float]] = {}
-    totals = {g.uuid: memory_total(g) for g in data.gpus}
+#: The idle-power histogram's bins per watt (0.05 W bins): the fleet's idle median per model is
+#: the median of binned values, so partial histograms of node batches sum exactly and every
+#: engine finds the same median (an exact median over all values does not merge). The median
+#: moves by at most half a bin (0.025 W) against the exact one.
+IDLE_BINS_PER_WATT = 20
+
+#: Per GPU model: idle power bin (watts x :data:`IDLE_BINS_PER_WATT`, rounded) -> buckets.
+IdleHistogram = dict[str, dict[int, int]]
+
+
+def idle_histogram(data: FleetData, th: Thresholds) -> IdleHistogram:
+    """Map A's histogram: the power of each empty, compute-free bucket, binned, per model."""
+    out: IdleHistogram = {}
     for gpu in data.gpus:
-        idle_by_model.setdefault(gpu.model or "?", []).extend(
-            b.power_watts
-            for b in data.buckets.get(gpu.uuid, ())
-            if b.power_watts is not None
-            and b.util_max is not None
-            and b.util_max <= th.idle_util_ratio
-            and b.memory_bytes is not None
-            and not held(b, totals[gpu.uuid], th)
-        )
-    fleet_idle = {m: statistics.median(v) for m, v in idle_by_model.items() if len(v) >= 3}
-    return {g.uuid: _reference(g, data, fleet_idle, totals[g.uuid]) for g in data.gpus}
+        total = memory_total(gpu)
+        bins = out.setdefault(gpu.model or "?", {})
+        for b in data.buckets.get(gpu.uuid, ()):
+            if (
+                b.power_watts is not None
+                and b.util_max is not None
+                and b.util_max <= th.idle_util_ratio
+                and b.memory_bytes is not None
+                and not held(b, total, th)
+            ):
+                k = round(b.power_watts * IDLE_BINS_PER_WATT)
+                bins[k] = bins.get(k, 0) + 1
+    return out
+
+
+def merge_histograms(parts: Iterable[IdleHistogram]) -> IdleHistogram:
+    """Merge A: the batches' histograms summed."""
+    out: IdleHistogram = {}
+    for part in parts:
+        for model, bins in part.items():
+            mine = out.setdefault(model, {})
+            for k, n in bins.items():
+                mine[k] = mine.get(k, 0) + n
+    return out
+
+
+def fleet_idle(histogram: IdleHistogram) -> dict[str, float]:
+    """The fleet's idle power per model (watts): the median of its binned idle buckets, for
+    models with at least three (:func:`statistics.median`'s rule: the middle value, or the mean
+    of the two middle ones)."""
+    out: dict[str, float] = {}
+    for model, bins in histogram.items():
+        n = sum(bins.values())
+        if n >= 3:
+            lo, hi = _nth(bins, (n - 1) // 2), _nth(bins, n // 2)
+            out[model] = (lo + hi) / 2 / IDLE_BINS_PER_WATT
+    return out
+
+
+def _nth(bins: dict[int, int], rank: int) -> int:
+    """The bin holding the value of 0-based ``rank`` in sorted order."""
+    seen = 0
+    for k in sorted(bins):
+        seen += bins[k]
+        if rank < seen:
+            return k
+    raise ValueError(f"rank {rank} past the histogram's {seen} values")
+
+
+def references(
+    data: FleetData, th: Thresholds, idle_watts: dict[str, float] | None = None
+) -> dict[str, PowerRef]:
+    """Every GPU's references; the fleet's idle power per model from ``idle_watts`` (Merge A's
+    broadcast, when ``data`` is one batch of nodes), else from ``data``'s own histogram."""
+    if idle_watts is None:
+        idle_watts = fleet_idle(idle_histogram(data, th))
+    totals = {g.uuid: memory_total(g) for g in data.gpus}
+    return {g.uuid: _reference(g, data, idle_watts, totals[g.uuid]) for g in data.gpus}
 
 
 def _reference(
