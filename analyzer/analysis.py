@@ -9,6 +9,7 @@ from typing import Any
 from analyzer import declared
 from analyzer.classify import CLASSES, GpuVerdict, classify
 from analyzer.context import Finding, context, to_json
+from analyzer.engine import Engine
 from analyzer.findings import run as run_detectors
 from analyzer.load import FleetData, InputError, inputs, load
 from analyzer.mig import mig_json
@@ -16,6 +17,7 @@ from analyzer.owners import account
 from analyzer.prices import Accounting
 from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
+from analyzer.stages import load_and_classify
 from analyzer.summary import sparkline, summarize, top_actions
 from analyzer.thresholds import Thresholds
 from analyzer.window import parse_duration, parse_window
@@ -38,16 +40,25 @@ def analyze(
     thresholds: Thresholds | None = None,
     accounting: Accounting | None = None,
     until: str | None = None,
+    engine: Engine | None = None,
+    batch_size: int | None = None,
 ) -> dict[str, Any]:
     """Run every analysis over the window and return the contract's JSON document
     (``accounting``: teams, accounts and prices for ``owners[]`` and ``bill``; ``since`` a
-    DURATION or a TIME, ``until`` a TIME: :mod:`analyzer.window`)."""
+    DURATION or a TIME, ``until`` a TIME: :mod:`analyzer.window`). With an ``engine``, loading
+    and classifying run as stages over batches of nodes (:mod:`analyzer.stages`; ``batch_size``
+    nodes a batch, else the engine's plan); without, in this process as one batch."""
     asked = parse_window(since, until)
     paths: list[Input] = inputs(stores)
-    data = load(
-        paths, asked.since_seconds or 0.0, timeout=timeout, until=asked.until, start_at=asked.start
-    )
-    verdicts = declared.combine(data, classify(data, thresholds))  # declared beside observed
+    since_seconds = asked.since_seconds or 0.0
+    if engine is None:
+        data = load(paths, since_seconds, timeout=timeout, until=asked.until, start_at=asked.start)
+        observed = classify(data, thresholds)
+    else:
+        data, observed = load_and_classify(
+            engine, paths, since_seconds, timeout, asked.until, asked.start, thresholds, batch_size
+        )
+    verdicts = declared.combine(data, observed)  # declared beside observed
     ctx = context(data, verdicts, thresholds or Thresholds())  # one for detectors and owners
     results = run_detectors(ctx)
     recommendations, skipped = run_all(data, verdicts, results.findings)

@@ -221,10 +221,72 @@ class _Span:
         return self.buckets[-1].start
 
 
-def classify(data: FleetData, thresholds: Thresholds | None = None) -> list[GpuVerdict]:
-    """A verdict per GPU: its overall class, confidence, evidence and segments."""
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """A span as it crosses an engine's boundary (issue #25): its GPU and place, its buckets as
+    the slice ``[lo, hi)`` of the GPU's, and its features (no objects, no peers)."""
+
+    uuid: str
+    index: int
+    lo: int
+    hi: int
+    occupied: bool
+    plateau: bool
+    features: Features
+
+
+@dataclass(frozen=True, slots=True)
+class LockstepCandidate:
+    """A held span Shuffle C compares: ``order`` is its place in the fleet's spans sorted by
+    start (start, GPU position, span index), its series is power, else utilization, by bucket
+    start."""
+
+    span: tuple[str, int]
+    order: tuple[float, int, int]
+    start: float
+    end: float
+    memory_ratio: float | None
+    memory_gib: float | None
+    series: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSpans:
+    """Map B's result for one batch of nodes: every GPU's references and spans, and the held
+    spans the lockstep band join needs."""
+
+    refs: dict[str, PowerRef]
+    spans: dict[str, tuple[SpanRecord, ...]]
+    candidates: tuple[LockstepCandidate, ...]
+
+
+#: A lockstep edge: the two spans (the earlier in start order first) and their correlation.
+Edge = tuple[tuple[str, int], tuple[str, int], float]
+
+
+def classify(
+    data: FleetData,
+    thresholds: Thresholds | None = None,
+    idle_watts: dict[str, float] | None = None,
+) -> list[GpuVerdict]:
+    """A verdict per GPU: its overall class, confidence, evidence and segments. The staged plan
+    over one batch, in this process (:mod:`analyzer.stages` runs it over an engine)."""
     th = thresholds or Thresholds()
-    refs = references(data, th)
+    batch = map_spans(data, th, idle_watts)
+    grouped: dict[int, list[tuple[bool, LockstepCandidate]]] = {}
+    for window, value in lockstep_keys(batch, th):
+        grouped.setdefault(window, []).append(value)
+    edges = [e for window, values in grouped.items() for e in lockstep_pairs(window, values, th)]
+    return finish(data, [batch], edges, th)
+
+
+def map_spans(
+    data: FleetData, th: Thresholds, idle_watts: dict[str, float] | None, offset: int = 0
+) -> BatchSpans:
+    """Map B: everything one batch's GPUs decide alone (references against the fleet's idle
+    power, segments, recurrence within a GPU, features); ``offset`` is the batch's first GPU's
+    position in the fleet."""
+    refs = references(data, th, idle_watts)
     spans: dict[str, list[_Span]] = {}
     for gpu in data.gpus:
         buckets = list(data.buckets.get(gpu.uuid, ()))
@@ -233,7 +295,90 @@ def classify(data: FleetData, thresholds: Thresholds | None = None) -> list[GpuV
     for group in spans.values():
         for span in group:
             span.features = _features(span, data, th, recurring.get(id(span), 0))
-    _cross_gpu([s for group in spans.values() for s in group], th)
+    records: dict[str, tuple[SpanRecord, ...]] = {}
+    candidates: list[LockstepCandidate] = []
+    for position, (uuid, group) in enumerate(spans.items(), start=offset):
+        out, lo = [], 0
+        for i, span in enumerate(group):
+            hi = lo + len(span.buckets)
+            out.append(SpanRecord(uuid, i, lo, hi, span.occupied, span.plateau, span.features))
+            if span.occupied and len(span.buckets) >= 12:
+                candidates.append(_candidate(span, (uuid, i), position))
+            lo = hi
+        records[uuid] = tuple(out)
+    return BatchSpans(refs, records, tuple(candidates))
+
+
+def _candidate(span: _Span, key: tuple[str, int], position: int) -> LockstepCandidate:
+    f = span.features
+    series = tuple(_series(span).items())
+    order = (span.start, position, key[1])
+    return LockstepCandidate(key, order, span.start, span.end, f.memory_ratio, f.memory_gib, series)
+
+
+def lockstep_keys(
+    batch: BatchSpans, th: Thresholds
+) -> list[tuple[int, tuple[bool, LockstepCandidate]]]:
+    """Shuffle C's mapper: lockstep is a band join. Each held span goes to its start's window
+    of ``lockstep_start_seconds`` (flag ``False``: its own) and to the window before (``True``:
+    it came from the next one), so that every pair starting within that long meets in exactly
+    one reducer, the earlier one's window's."""
+    width = th.lockstep_start_seconds
+    out: list[tuple[int, tuple[bool, LockstepCandidate]]] = []
+    for c in batch.candidates:
+        window = int(c.start // width)
+        out += [(window, (False, c)), (window - 1, (True, c))]
+    return out
+
+
+def lockstep_pairs(
+    window: int, values: list[tuple[bool, LockstepCandidate]], th: Thresholds
+) -> list[Edge]:
+    """Shuffle C's reducer: the lockstep edges among one window's spans (``False``: its own;
+    ``True``: the next window's): pairs that start within ``lockstep_start_seconds``, end within
+    ``lockstep_end_seconds``, share a footprint and correlate (``lockstep_min_r``), compared in
+    order of start as one sweep over the fleet would. A pair of two spans of the next window is
+    that window's reducer's to compare."""
+    del window  # every value of the window is here; the key only routed them
+    ordered = sorted(values, key=lambda v: v[1].order)
+    series = {c.span: _Series(dict(c.series)) for _, c in ordered}
+    edges: list[Edge] = []
+    for i, (next_s, s) in enumerate(ordered):
+        for next_o, o in ordered[i + 1 :]:
+            if o.start - s.start > th.lockstep_start_seconds:
+                break
+            if next_s and next_o:
+                continue
+            if abs(o.end - s.end) > th.lockstep_end_seconds or not _same_footprint(s, o):
+                continue
+            r = series[s.span].r(series[o.span])
+            if r >= th.lockstep_min_r:
+                edges.append((s.span, o.span, r))
+    return edges
+
+
+def finish(
+    data: FleetData, batches: list[BatchSpans], edges: list[Edge], th: Thresholds
+) -> list[GpuVerdict]:
+    """The driver's steps over the whole fleet: spans rebuilt from their records, lockstep
+    peers from the edges (in the order a sweep by start finds them), replicas, the decision
+    per span, Merge D (GPUs in lockstep agree), and each GPU's verdict."""
+    refs = {u: r for b in batches for u, r in b.refs.items()}
+    records = {u: r for b in batches for u, r in b.spans.items()}
+    spans: dict[str, list[_Span]] = {}
+    for gpu in data.gpus:
+        buckets = list(data.buckets.get(gpu.uuid, ()))
+        spans[gpu.uuid] = [
+            _Span(gpu, refs[gpu.uuid], buckets[r.lo : r.hi], r.occupied, r.plateau, r.features)
+            for r in records[gpu.uuid]
+        ]
+    order = {c.span: c.order for b in batches for c in b.candidates}
+    found = {(a, b): r for a, b, r in edges}  # a pair two reducers found counts once
+    for a, b in sorted(found, key=lambda e: (order[e[0]], order[e[1]])):
+        s, o, r = spans[a[0]][a[1]], spans[b[0]][b[1]], found[(a, b)]
+        s.peers.append(o)
+        o.peers.append(s)
+        s.peer_r, o.peer_r = max(s.peer_r, r), max(o.peer_r, r)
     _replicas([s for group in spans.values() for s in group], th, data.bucket_seconds)
     decided: dict[int, Decision] = {}
     for group in spans.values():
@@ -521,29 +666,7 @@ def pearson(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / math.sqrt(vx * vy)
 
 
-def _cross_gpu(spans: list[_Span], th: Thresholds) -> None:
-    """GPUs whose held spans start together and share a footprint move as one workload: find
-    each span's peers (power, else utilization, correlated). Spans are compared only with those
-    that start within 20 minutes of them (sorted by start), not with the whole fleet."""
-    held_spans = sorted(
-        (s for s in spans if s.occupied and len(s.buckets) >= 12), key=lambda s: s.start
-    )
-    series = {id(s): _Series(_series(s)) for s in held_spans}
-    for i, s in enumerate(held_spans):
-        for o in held_spans[i + 1 :]:
-            if o.start - s.start > th.lockstep_start_seconds:
-                break
-            if abs(o.end - s.end) > th.lockstep_end_seconds or not _same_footprint(s, o):
-                continue
-            r = series[id(s)].r(series[id(o)])
-            if r >= th.lockstep_min_r:
-                s.peers.append(o)
-                o.peers.append(s)
-                s.peer_r, o.peer_r = max(s.peer_r, r), max(o.peer_r, r)
-
-
-def _same_footprint(a: _Span, b: _Span) -> bool:
-    fa, fb = a.features, b.features
+def _same_footprint(fa: LockstepCandidate, fb: LockstepCandidate) -> bool:
     if fa.memory_ratio is not None and fb.memory_ratio is not None:
         return abs(fa.memory_ratio - fb.memory_ratio) <= 0.1
     if fa.memory_gib is not None and fb.memory_gib is not None:

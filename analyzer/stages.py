@@ -1,0 +1,142 @@
+"""The analysis as a staged plan over an engine (issue #25): what runs per batch of nodes, what
+the driver merges, and what crosses between them.
+
+==========  ==================================================================================
+plan        the driver: the window, its interval and buckets, the nodes with data in it
+            (:func:`analyzer.load.plan_window`)
+Map A       per batch of nodes: the batch's buckets, read by the task from the inputs
+            (:func:`analyzer.load.load_nodes`), and its histogram of idle power per GPU model
+Merge A     the driver: the batches' data merged in :func:`analyzer.load.load`'s order, the
+            histograms summed; the fleet's idle power per model is broadcast
+Map B       per batch: references, segments, recurrence and features of each GPU's spans
+            (:func:`analyzer.classify.map_spans`)
+Shuffle C   lockstep as a band join: held spans keyed by their start's 20-minute window, each
+            also sent to the window before; a reducer compares its window's pairs
+Merge D     the driver: replicas, the decision per span, GPUs in lockstep agreeing (their
+            components), each GPU's verdict (:func:`analyzer.classify.finish`)
+==========  ==================================================================================
+
+Stage functions are module-level and their arguments frozen records, so that every engine
+(:mod:`analyzer.engine`) can send them to another process or machine. Serial, pool and Ray give
+the same documents (``tests/test_stages.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from analyzer.classify import (
+    BatchSpans,
+    Edge,
+    GpuVerdict,
+    LockstepCandidate,
+    finish,
+    lockstep_keys,
+    lockstep_pairs,
+    map_spans,
+)
+from analyzer.engine import Engine
+from analyzer.load import FleetData, WindowPlan, load_nodes, merge, plan_window
+from analyzer.reference import IdleHistogram, fleet_idle, idle_histogram, merge_histograms
+from analyzer.thresholds import Thresholds
+from store import storefile as sf
+
+#: A task's nodes at most when the fleet is large (issue #25: 16-64 nodes a task).
+MAX_NODES_PER_BATCH = 64
+
+
+def batches(nodes: Sequence[str], workers: int, size: int | None = None) -> list[tuple[str, ...]]:
+    """Consecutive runs of the plan's sorted nodes: ``max(2 x workers, nodes / 64)`` of them
+    (two per worker keep every worker busy while the slowest batch finishes), at least one node
+    each; ``size`` nodes each when given (tests cross task boundaries with 1)."""
+    if not nodes:
+        return [()]
+    if size is not None:
+        count = math.ceil(len(nodes) / max(size, 1))
+    else:
+        count = max(2 * workers, math.ceil(len(nodes) / MAX_NODES_PER_BATCH))
+    count = min(count, len(nodes))
+    bounds = [round(i * len(nodes) / count) for i in range(count + 1)]
+    return [tuple(nodes[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadShared:
+    """What every Map A task reads: the plan and the thresholds (the idle test's)."""
+
+    plan: WindowPlan
+    thresholds: Thresholds
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """Map A's result: one batch's data and its idle-power histogram."""
+
+    data: FleetData
+    idle: IdleHistogram
+
+
+@dataclass(frozen=True, slots=True)
+class SpansShared:
+    """What every Map B task reads: the thresholds and the fleet's idle power per model."""
+
+    thresholds: Thresholds
+    idle_watts: dict[str, float]
+
+
+def load_batch(batch: tuple[str, ...], shared: LoadShared) -> Loaded:
+    """Map A."""
+    data = load_nodes(batch, shared.plan)
+    return Loaded(data, idle_histogram(data, shared.thresholds))
+
+
+def spans_batch(item: tuple[FleetData, int], shared: SpansShared) -> BatchSpans:
+    """Map B over one batch (``item``: its data and its first GPU's position in the fleet)."""
+    data, offset = item
+    return map_spans(data, shared.thresholds, shared.idle_watts, offset)
+
+
+def lockstep_map(
+    batch: BatchSpans, th: Thresholds
+) -> list[tuple[int, tuple[bool, LockstepCandidate]]]:
+    """Shuffle C's mapper (:func:`analyzer.classify.lockstep_keys`)."""
+    return lockstep_keys(batch, th)
+
+
+def lockstep_reduce(
+    window: int, values: list[tuple[bool, LockstepCandidate]], th: Thresholds
+) -> list[Edge]:
+    """Shuffle C's reducer (:func:`analyzer.classify.lockstep_pairs`)."""
+    return lockstep_pairs(window, values, th)
+
+
+def load_and_classify(
+    engine: Engine,
+    paths: Sequence[sf.Input],
+    since_seconds: float,
+    timeout: float = 10.0,
+    until: float | None = None,
+    start_at: float | None = None,
+    thresholds: Thresholds | None = None,
+    batch_size: int | None = None,
+) -> tuple[FleetData, list[GpuVerdict]]:
+    """The fleet's data (as :func:`analyzer.load.load` gives it) and its verdicts (as
+    :func:`analyzer.classify.classify` gives them), computed in stages on ``engine``."""
+    th = thresholds or Thresholds()
+    plan = plan_window(paths, since_seconds, timeout, until=until, start_at=start_at)
+    runs = batches(plan.nodes, engine.workers, batch_size)
+    loaded = engine.map(load_batch, runs, engine.broadcast(LoadShared(plan, th)))
+    data = merge(plan, [x.data for x in loaded])
+    idle = fleet_idle(merge_histograms(x.idle for x in loaded))
+    offsets, at = [], 0
+    for x in loaded:
+        offsets.append(at)
+        at += len(x.data.gpus)
+    items = [(x.data, offset) for x, offset in zip(loaded, offsets, strict=True)]
+    spans = engine.map(spans_batch, items, engine.broadcast(SpansShared(th, idle)))
+    edges = engine.shuffle_reduce(lockstep_map, spans, lockstep_reduce, engine.broadcast(th))
+    found = [e for window in sorted(edges) for e in edges[window]]
+    return data, finish(data, spans, found, th)
