@@ -7,17 +7,17 @@ import datetime as dt
 from typing import Any
 
 from analyzer import declared
-from analyzer.classify import CLASSES, GpuVerdict, classify
+from analyzer.classify import CLASSES, GpuVerdict
 from analyzer.context import Finding, context, to_json
 from analyzer.engine import Engine
 from analyzer.findings import run as run_detectors
-from analyzer.load import FleetData, InputError, inputs, load
+from analyzer.load import FleetData, InputError, inputs
 from analyzer.mig import mig_json
 from analyzer.owners import account
 from analyzer.prices import Accounting
 from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
-from analyzer.stages import load_and_classify
+from analyzer.stages import load_classified
 from analyzer.summary import sparkline, summarize, top_actions
 from analyzer.thresholds import Thresholds
 from analyzer.window import parse_duration, parse_window
@@ -51,13 +51,9 @@ def analyze(
     asked = parse_window(since, until)
     paths: list[Input] = inputs(stores)
     since_seconds = asked.since_seconds or 0.0
-    if engine is None:
-        data = load(paths, since_seconds, timeout=timeout, until=asked.until, start_at=asked.start)
-        observed = classify(data, thresholds)
-    else:
-        data, observed = load_and_classify(
-            engine, paths, since_seconds, timeout, asked.until, asked.start, thresholds, batch_size
-        )
+    data, observed = load_classified(
+        engine, paths, since_seconds, timeout, asked.until, asked.start, thresholds, batch_size
+    )
     verdicts = declared.combine(data, observed)  # declared beside observed
     ctx = context(data, verdicts, thresholds or Thresholds())  # one for detectors and owners
     results = run_detectors(ctx)

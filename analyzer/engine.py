@@ -204,8 +204,12 @@ def make_engine(name: str, address: str | None = None, workers: int | None = Non
     if name == "pool":
         return PoolEngine(workers)
     if name == "ray":
-        from analyzer.rayengine import RayEngine  # noqa: PLC0415  (Ray is an optional extra)
-
+        try:
+            from analyzer.rayengine import RayEngine  # noqa: PLC0415  (Ray is an optional extra)
+        except ModuleNotFoundError as e:
+            if e.name not in ("ray", "analyzer.rayengine"):
+                raise
+            raise EngineUnavailable(f"--engine ray: Ray is not installed; {RAY_INSTALL}") from e
         return RayEngine(address or "auto")
     raise EngineUnavailable(f"--engine {name}: not one of {', '.join(ENGINES)}")
 

@@ -36,14 +36,16 @@ from typing import Any
 from analyzer import configfile, declared
 from analyzer import forecast as fc
 from analyzer.analysis import iso, parse_duration
-from analyzer.classify import GpuVerdict, classify
+from analyzer.classify import GpuVerdict
 from analyzer.context import context
 from analyzer.context import to_json as finding_json
+from analyzer.engine import Engine
 from analyzer.findings import run as run_detectors
-from analyzer.load import FleetData, History, InputError, history, inputs, load
+from analyzer.load import FleetData, History, InputError, history, inputs
 from analyzer.queue import Pending, read_pending
 from analyzer.recommendations.placement import scale_out_waiting
 from analyzer.recommendations.reservation import ReservationSettings
+from analyzer.stages import load_classified
 from analyzer.thresholds import Thresholds
 from analyzer.window import looks_like_time, parse_time
 from store.storefile import Input
@@ -153,8 +155,10 @@ def plan(
     queue: Path | None = None,
     findings: Sequence[Mapping[str, Any]] | None = None,
     until: str | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, Any]:
-    """The ``aiscope.plan/1`` document of the stores. ``classes`` (``uuid`` -> class over the
+    """The ``aiscope.plan/1`` document of the stores (each week classified in stages on
+    ``engine`` when given: :mod:`analyzer.stages`). ``classes`` (``uuid`` -> class over the
     newest week) saves classifying again when the caller has just analyzed that week; ``queue``
     is a CSV of GPUs waiting (:mod:`analyzer.queue`); ``findings`` (the analysis document's)
     give the fleet's waiting and its scale-out share, found here when classes are not given;
@@ -170,13 +174,13 @@ def plan(
     hist = history(paths, since_seconds, timeout, until_ts, start_at)
     if classes is None:
         week = min(WEEK, hist.end - hist.start)
-        data = load(paths, week, timeout=timeout, until=until_ts)
+        data, observed = load_classified(engine, paths, week, timeout, until_ts, None, thresholds)
         # As the analysis classes them: behaviour, then declared intent (one truth).
-        verdicts = declared.combine(data, classify(data, thresholds))
+        verdicts = declared.combine(data, observed)
         classes = {v.info.uuid: v.gpu_class for v in verdicts}
         if findings is None:
             findings = _findings(data, verdicts, thresholds)
-    past = _past_classes(paths, hist, thresholds, timeout)
+    past = _past_classes(paths, hist, thresholds, timeout, engine)
     stores_read = [str(p) for p in paths]
     doc = build(hist, classes, horizon_seconds, site, stores_read, pending, past)
     if findings is not None:
@@ -193,7 +197,11 @@ def _findings(
 
 
 def _past_classes(
-    paths: Sequence[Input], hist: History, thresholds: Thresholds | None, timeout: float
+    paths: Sequence[Input],
+    hist: History,
+    thresholds: Thresholds | None,
+    timeout: float,
+    engine: Engine | None = None,
 ) -> list[dict[str, str]]:
     """Each GPU's class in the weeks before the newest (newest first, up to
     :data:`CLASSIFIED_WEEKS` in all), when the history is long enough for a forecast; a week
@@ -204,11 +212,12 @@ def _past_classes(
     out: list[dict[str, str]] = []
     for k in range(1, weeks):
         try:
-            data = load(paths, WEEK, timeout=timeout, until=hist.end - k * WEEK)
+            until = hist.end - k * WEEK
+            _, verdicts = load_classified(engine, paths, WEEK, timeout, until, None, thresholds)
         except InputError:
             out.append({})
             continue
-        out.append({v.info.uuid: v.gpu_class for v in classify(data, thresholds)})
+        out.append({v.info.uuid: v.gpu_class for v in verdicts})
     return out
 
 

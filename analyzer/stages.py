@@ -33,13 +33,14 @@ from analyzer.classify import (
     Edge,
     GpuVerdict,
     LockstepCandidate,
+    classify,
     finish,
     lockstep_keys,
     lockstep_pairs,
     map_spans,
 )
 from analyzer.engine import Engine
-from analyzer.load import FleetData, WindowPlan, load_nodes, merge, plan_window
+from analyzer.load import FleetData, WindowPlan, load, load_nodes, merge, plan_window
 from analyzer.reference import IdleHistogram, fleet_idle, idle_histogram, merge_histograms
 from analyzer.thresholds import Thresholds
 from store import storefile as sf
@@ -140,3 +141,23 @@ def load_and_classify(
     edges = engine.shuffle_reduce(lockstep_map, spans, lockstep_reduce, engine.broadcast(th))
     found = [e for window in sorted(edges) for e in edges[window]]
     return data, finish(data, spans, found, th)
+
+
+def load_classified(
+    engine: Engine | None,
+    paths: Sequence[sf.Input],
+    since_seconds: float,
+    timeout: float = 10.0,
+    until: float | None = None,
+    start_at: float | None = None,
+    thresholds: Thresholds | None = None,
+    batch_size: int | None = None,
+) -> tuple[FleetData, list[GpuVerdict]]:
+    """:func:`load_and_classify` on ``engine``; without one, :func:`analyzer.load.load` and
+    :func:`analyzer.classify.classify` in this process (one batch, the same stage functions)."""
+    if engine is None:
+        data = load(paths, since_seconds, timeout=timeout, until=until, start_at=start_at)
+        return data, classify(data, thresholds)
+    return load_and_classify(
+        engine, paths, since_seconds, timeout, until, start_at, thresholds, batch_size
+    )

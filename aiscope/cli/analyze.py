@@ -10,18 +10,22 @@ import typer
 
 from aiscope.cli.common import (
     NO_PROMETHEUS,
+    AddressOption,
+    EngineOption,
     PrometheusOptions,
     SinceOption,
     ThresholdsOption,
     TzOption,
     UntilOption,
     WaitOption,
+    WorkersOption,
     analysis_document,
     check_config,
     check_directory_writable,
     check_stores,
     config_beside,
     default_stores,
+    engine_for,
     progress,
     with_prometheus_options,
 )
@@ -41,6 +45,9 @@ def analyze_command(
     tz: TzOption = None,
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
+    engine: EngineOption = None,
+    address: AddressOption = None,
+    workers: WorkersOption = None,
     prometheus_options: PrometheusOptions = NO_PROMETHEUS,
 ) -> None:
     """Classify what every GPU was doing, and find starved, noisy-neighbour and idle-held GPUs.
@@ -57,6 +64,8 @@ def analyze_command(
       aiscope analyze --store fleet/ --config /etc/aiscope/aiscope.toml
       aiscope analyze --prometheus http://prometheus:9090 --match '{cluster="a"}' --since 24h
       aiscope analyze --prometheus https://mimir/prometheus --prometheus-header 'X-Scope-OrgID: a'
+      aiscope analyze --store fleet/ --engine pool --workers 2
+      aiscope analyze --store s3://telemetry/aiscope --engine ray --address auto
     """
     from report.table import render_text  # noqa: PLC0415
 
@@ -64,7 +73,8 @@ def analyze_command(
         raise BadInput(f"--format: expected json or text, got {output_format!r}")
     source = prometheus_options.source(store)
     config = config if source is not None else config_beside(config, store)
-    doc = analysis_document(store, since, wait, config, source, until)
+    with engine_for(engine, address, workers) as running:
+        doc = analysis_document(store, since, wait, config, source, until, running)
     if output_format == "json":  # the contract: UTC whatever --tz says
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -92,6 +102,9 @@ def report_command(
     tz: TzOption = None,
     wait: WaitOption = 10.0,
     config: ThresholdsOption = None,
+    engine: EngineOption = None,
+    address: AddressOption = None,
+    workers: WorkersOption = None,
     prometheus_options: PrometheusOptions = NO_PROMETHEUS,
 ) -> None:
     """The weekly report: headline, fleet timeline, real utilization, findings, recommendations,
@@ -109,6 +122,8 @@ def report_command(
       aiscope report --prometheus http://prometheus:9090 --out report.html
       aiscope report --prometheus https://thanos:10902 --prometheus-ca-file ca.pem \\
         --prometheus-bearer-token-file /run/secrets/token --match '{cluster="a"}'
+      aiscope report --store fleet/ --engine serial --out report.html
+      aiscope report --store s3://telemetry/aiscope --engine ray --address ray://head:10001
     """
     from report import check_out, write  # noqa: PLC0415
 
@@ -117,9 +132,10 @@ def report_command(
         check_out(target)  # before the analysis, which can take a while
         _check_out_writable(target)  # and before any file: not one written, one refused
     config = config if source is not None else config_beside(config, store)
-    doc = analysis_document(store, since, wait, config, source, until)
-    if source is None:
-        attach_plan(doc, store, wait, config, until)
+    with engine_for(engine, address, workers) as running:
+        doc = analysis_document(store, since, wait, config, source, until, running)
+        if source is None:
+            attach_plan(doc, store, wait, config, until, running)
     if not out:
         from report.content import in_zone  # noqa: PLC0415
         from report.text import render  # noqa: PLC0415

@@ -257,9 +257,11 @@ def analysis_document(
     config: Path | None,
     source: Any = None,
     until: str | None = None,
+    engine: Any = None,
 ) -> dict[str, Any]:
     """The analysis document of the stores (``--store``, else the default store), or of the
-    ``--prometheus`` server (``source``)."""
+    ``--prometheus`` server (``source``); stores are read and classified on ``engine``
+    (:mod:`analyzer.engine`; ``None``: in this process)."""
     from analyzer.analysis import analyze  # noqa: PLC0415
     from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
@@ -280,7 +282,8 @@ def analysis_document(
             update(1.0)
         return doc
     with progress("analyzing") as update:
-        doc = analyze(store or default_stores(), since, wait, thresholds, accounting, until)
+        stores = store or default_stores()
+        doc = analyze(stores, since, wait, thresholds, accounting, until, engine=engine)
         update(1.0)
     return doc
 
@@ -398,3 +401,55 @@ def write_target(store: Path | None, command: str) -> Path:
     from agent.config import resolve_store  # noqa: PLC0415
 
     return resolve_store(store)
+
+
+# -- where the analysis runs (issue #25): --engine, --address, --workers ---------------------------
+
+EngineOption = Annotated[
+    str | None,
+    typer.Option(
+        "--engine",
+        help="Where loading and classifying run: serial (this process), pool (a process per "
+        "core; the default on more than one core) or ray (a Ray cluster: pip install "
+        "'aiscope[ray]'), e.g. --engine serial, --engine ray --address auto.",
+        rich_help_panel="Engine",
+    ),
+]
+AddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="The Ray cluster for --engine ray: auto (the cluster this node joined) or "
+        "ray://HOST:10001 (default: $RAY_ADDRESS, else auto).",
+        rich_help_panel="Engine",
+    ),
+]
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        min=1,
+        help="Processes for --engine pool, e.g. --workers 4 (default: one per core).",
+        rich_help_panel="Engine",
+    ),
+]
+
+
+@contextmanager
+def engine_for(name: str | None, address: str | None, workers: int | None) -> Iterator[Any]:
+    """The engine ``--engine`` asks for (:mod:`analyzer.engine`), closed however the command
+    ends; a bad combination of options is bad usage."""
+    from analyzer.engine import default_engine_name, make_engine  # noqa: PLC0415
+
+    chosen = name or default_engine_name()
+    if address is not None and chosen != "ray":
+        raise BadInput(f"--address: only with --engine ray (the engine is {chosen})")
+    if workers is not None and chosen != "pool":
+        raise BadInput(f"--workers: only with --engine pool (the engine is {chosen})")
+    if chosen == "ray":
+        address = address or os.environ.get("RAY_ADDRESS", "").strip() or "auto"
+    engine = make_engine(chosen, address, workers)
+    try:
+        yield engine
+    finally:
+        engine.close()

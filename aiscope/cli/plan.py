@@ -11,13 +11,17 @@ import typer
 
 from aiscope.cli.common import (
     NO_PROMETHEUS,
+    AddressOption,
+    EngineOption,
     PrometheusOptions,
     UntilOption,
     WaitOption,
+    WorkersOption,
     check_config,
     check_stores,
     config_beside,
     default_stores,
+    engine_for,
     progress,
     with_prometheus_options,
 )
@@ -59,6 +63,9 @@ def plan_command(
             "node_overhead_watts, target_utilization) and [thresholds] for the classifier."
         ),
     ] = None,
+    engine: EngineOption = None,
+    address: AddressOption = None,
+    workers: WorkersOption = None,
     prometheus_options: PrometheusOptions = NO_PROMETHEUS,
 ) -> None:
     """The capacity plan: demand per class and per pool over the stored history, its trend and
@@ -75,13 +82,15 @@ def plan_command(
       aiscope plan --store fleet/ --config /etc/aiscope/aiscope.toml   # [site] rack_kw = 40
       aiscope plan --prometheus http://prometheus:9090 --since 60d
       aiscope plan --store fleet/ --queue pending.csv   # the demand that waited, too
+      aiscope plan --store fleet/ --engine pool --workers 2
     """
     from report.outlook import render_text  # noqa: PLC0415
 
     if output_format not in ("text", "json"):
         raise BadInput(f"--format: expected text or json, got {output_format!r}")
     source = prometheus_options.source(store)
-    doc = _plan_document(store, horizon, since, wait, config, source, queue, until)
+    with engine_for(engine, address, workers) as running:
+        doc = _plan_document(store, horizon, since, wait, config, source, queue, until, running)
     typer.echo(json.dumps(doc, indent=2) if output_format == "json" else render_text(doc))
 
 
@@ -91,6 +100,7 @@ def attach_plan(
     wait: float,
     config: Path | None,
     until: str | None = None,
+    engine: Any = None,
 ) -> None:
     """Put the capacity plan under ``doc["plan"]`` when it has a forecast (two weeks of history
     or more), for the report's capacity outlook; the week's classes come from the analysis."""
@@ -107,6 +117,7 @@ def attach_plan(
                 classes=classes,
                 findings=doc["findings"],
                 until=until,  # report --until: the outlook's history ends there too
+                engine=engine,
             )
             update(1.0)
     except AiscopeError as exc:  # the report stands without its outlook
@@ -125,8 +136,10 @@ def _plan_document(
     source: Any = None,
     queue: Path | None = None,
     until: str | None = None,
+    engine: Any = None,
 ) -> dict[str, Any]:
-    """The plan document of the stores, or of the ``--prometheus`` server (``source``)."""
+    """The plan document of the stores, or of the ``--prometheus`` server (``source``); the
+    weeks it classifies are read and classified on ``engine`` (``None``: in this process)."""
     from analyzer.plan import parse_horizon, plan, site_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
     from analyzer.window import looks_like_time, parse_time  # noqa: PLC0415
@@ -154,7 +167,7 @@ def _plan_document(
     with progress("planning") as update:
         doc = plan(
             store or default_stores(), horizon, since, wait, thresholds, site, queue=queue,
-            until=until,
+            until=until, engine=engine,
         )  # fmt: skip
         update(1.0)
     return doc
