@@ -1,0 +1,172 @@
+"""The staged analysis (issue #25): serial and pool engines give the same documents, with
+batches of one node so that every cross-node step really crosses task boundaries; the lockstep
+band join finds pairs across batches and across its 20-minute windows; the idle histogram's
+median stays within half a bin of the exact one."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analyzer.classify import BatchSpans, Edge, LockstepCandidate
+from analyzer.engine import PoolEngine, SerialEngine
+from analyzer.load import Bucket, FleetData, GpuInfo
+from analyzer.reference import IDLE_BINS_PER_WATT, fleet_idle, idle_histogram
+from analyzer.stages import batches, lockstep_map, lockstep_reduce
+from analyzer.thresholds import Thresholds
+
+#: Half a day of each built-in scenario at the demo's 5-minute cadence (test_one_truth's shape,
+#: shorter: the comparison needs the shapes, not the days).
+SCENARIO_DAYS = 0.25
+
+
+def _same(a: Any, b: Any, where: str = "doc") -> None:
+    """Equal documents up to float summation order (relative 1e-9)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), f"{where}: {len(a)} items != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), f"{where}: {a} != {b}"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[PoolEngine]:
+    engine = PoolEngine(2)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def _scenarios() -> list[str]:
+    from sim.scenario import builtin_names
+
+    return builtin_names()
+
+
+@pytest.mark.parametrize("name", _scenarios())
+def test_pool_and_serial_give_one_document_per_scenario(
+    name: str, pool: PoolEngine, tmp_path: Path
+) -> None:
+    from analyzer.analysis import analyze
+    from sim.engine import simulate
+    from sim.scenario import load
+
+    store = tmp_path / f"{name}.duckdb"
+    simulate(dataclasses.replace(load(name), interval_seconds=300.0), store, days=SCENARIO_DAYS)
+    serial = analyze([str(store)], "7d")
+    staged = analyze([str(store)], "7d", engine=pool, batch_size=1)
+    assert serial["gpus"], "the scenario has GPUs to compare"
+    _same(serial, staged)
+
+
+def test_a_generated_fleet_is_one_document_on_every_engine(
+    pool: PoolEngine, tmp_path: Path
+) -> None:
+    """Four 8-GPU nodes for half a day at 60 s (bench/fleet.py's shapes: a 16-GPU job across
+    nodes 0 and 1, single-node training, serving): in-process and pool in batches of one."""
+    from analyzer.analysis import analyze
+    from bench.fleet import make_store
+
+    for node in range(4):
+        make_store(tmp_path / f"node-{node:04d}.duckdb", node, 0.5, 60.0)
+    one = analyze([str(tmp_path)], "7d")
+    staged = analyze([str(tmp_path)], "7d", engine=pool, batch_size=1)
+    assert len(one["gpus"]) == 32
+    lockstep = [g for g in one["gpus"] if any("16 GPUs in lockstep" in e for e in g["evidence"])]
+    assert {g["node"] for g in lockstep} == {"node-0000", "node-0001"}  # across two batches
+    _same(one, staged)
+
+
+# -- the band join --------------------------------------------------------------------------------
+
+
+def _candidate(
+    uuid: str, position: int, start: float, series: list[float], step: float = 300.0
+) -> LockstepCandidate:
+    points = tuple((start + i * step, v) for i, v in enumerate(series))
+    end = points[-1][0]
+    return LockstepCandidate((uuid, 0), (start, position, 0), start, end, 0.5, 40.0, points)
+
+
+def _edges(groups: list[list[LockstepCandidate]]) -> set[tuple[str, str]]:
+    items = [BatchSpans({}, {}, tuple(g)) for g in groups]
+    th = Thresholds()
+    engine = SerialEngine()
+    found: dict[int, list[Edge]] = engine.shuffle_reduce(
+        lockstep_map, items, lockstep_reduce, engine.broadcast(th)
+    )
+    return {(a[0], b[0]) for edges in found.values() for a, b, _ in edges}
+
+
+def _wave(n: int, phase: float = 0.0) -> list[float]:
+    return [300.0 + 200.0 * math.sin(i / 3.0 + phase) for i in range(n)]
+
+
+def test_a_job_on_two_nodes_is_in_lockstep_across_batches() -> None:
+    start = 1_790_000_000.0
+    nodes = [
+        [_candidate(f"node{n}-gpu{g}", n * 8 + g, start, _wave(48)) for g in range(8)]
+        for n in range(2)
+    ]
+    edges = _edges(nodes)
+    assert len(edges) == 16 * 15 // 2  # every pair once, none found by two reducers
+    assert ("node0-gpu0", "node1-gpu7") in edges
+
+
+def test_a_span_19_minutes_later_in_the_next_window_is_still_compared() -> None:
+    width = Thresholds().lockstep_start_seconds
+    first = (1_790_000_000.0 // width) * width + width - 60.0  # a minute before a window's end
+    series = _wave(90)  # 1-minute buckets: 90 minutes, 71 of them shared by the two
+    early = _candidate("a", 0, first, series, step=60.0)
+    late = _candidate("b", 1, first + 19 * 60, series, step=60.0)
+    too_late = _candidate("c", 2, first + 21 * 60, series, step=60.0)
+    assert int(late.start // width) == int(early.start // width) + 1
+    assert _edges([[early], [late]]) == {("a", "b")}
+    assert ("a", "c") not in _edges([[early], [too_late]])
+
+
+# -- Merge A's idle histogram ---------------------------------------------------------------------
+
+
+def test_the_idle_median_from_the_histogram_is_within_half_a_bin() -> None:
+    rng = random.Random(25)
+    model = "NVIDIA H100 80GB HBM3"
+    gpus, buckets, exact = [], {}, []
+    for i in range(5):
+        uuid = f"GPU-{i}"
+        gpus.append(GpuInfo("n", uuid, i, model, 80 * 2**30, 700.0))
+        powers = [rng.uniform(60.0, 80.0) for _ in range(rng.randrange(1, 40))]
+        exact += powers
+        buckets[uuid] = tuple(
+            Bucket(300.0 * k, 30, 30, 0.0, 0.0, 0.0, 0.0, 0.0, p, 0.0, None)
+            for k, p in enumerate(powers)
+        )
+    data = FleetData(0.0, 1e6, 300, tuple(gpus), buckets, {}, 10.0)
+    binned = fleet_idle(idle_histogram(data, Thresholds()))[model]
+    assert abs(binned - statistics.median(exact)) <= 0.5 / IDLE_BINS_PER_WATT + 1e-9
+    assert binned != statistics.median(exact)  # the bins do round (else this proves nothing)
+
+
+def test_batches_are_consecutive_runs_of_nodes() -> None:
+    nodes = [f"n{i:03d}" for i in range(10)]
+    assert batches(nodes, 2) == [tuple(nodes[a:b]) for a, b in ((0, 2), (2, 5), (5, 8), (8, 10))]
+    assert batches(nodes, 1, size=1) == [(n,) for n in nodes]
+    assert batches(nodes[:1], 8) == [("n000",)]  # at least one node a batch
+    assert sum(len(b) for b in batches([f"n{i}" for i in range(200)], 1)) == 200
+    assert len(batches([f"n{i}" for i in range(200)], 1)) == 4  # 64 nodes a batch at most
+    assert batches([], 4) == [()]
