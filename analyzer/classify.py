@@ -42,6 +42,7 @@ import math
 import operator
 import statistics
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,7 +210,7 @@ class _Span:
     #: Starts where memory jumped to a new plateau (a new workload on a held GPU).
     plateau: bool = False
     features: Features = field(default_factory=lambda: Features(0.0, 0, "none"))
-    peers: list[_Span] = field(default_factory=list)
+    #: The best correlation with a span it is in lockstep with (0: none).
     peer_r: float = 0.0
 
     @property
@@ -360,9 +361,9 @@ def lockstep_pairs(
 def finish(
     data: FleetData, batches: list[BatchSpans], edges: list[Edge], th: Thresholds
 ) -> list[GpuVerdict]:
-    """The driver's steps over the whole fleet: spans rebuilt from their records, lockstep
-    peers from the edges (in the order a sweep by start finds them), replicas, the decision
-    per span, Merge D (GPUs in lockstep agree), and each GPU's verdict."""
+    """The driver's steps over the whole fleet: spans rebuilt from their records, replicas, the
+    decision per span, Merge D (GPUs in lockstep, components of the edges, agree), and each
+    GPU's verdict."""
     refs = {u: r for b in batches for u, r in b.refs.items()}
     records = {u: r for b in batches for u, r in b.spans.items()}
     spans: dict[str, list[_Span]] = {}
@@ -372,20 +373,19 @@ def finish(
             _Span(gpu, refs[gpu.uuid], buckets[r.lo : r.hi], r.occupied, r.plateau, r.features)
             for r in records[gpu.uuid]
         ]
-    order = {c.span: c.order for b in batches for c in b.candidates}
     found = {(a, b): r for a, b, r in edges}  # a pair two reducers found counts once
-    for a, b in sorted(found, key=lambda e: (order[e[0]], order[e[1]])):
-        s, o, r = spans[a[0]][a[1]], spans[b[0]][b[1]], found[(a, b)]
-        s.peers.append(o)
-        o.peers.append(s)
+    for (a, b), r in found.items():
+        s, o = spans[a[0]][a[1]], spans[b[0]][b[1]]
         s.peer_r, o.peer_r = max(s.peer_r, r), max(o.peer_r, r)
+    position = {uuid: i for i, uuid in enumerate(spans)}
+    groups = lockstep_groups(found, lambda k: (position[k[0]], k[1]))
     _replicas([s for group in spans.values() for s in group], th, data.bucket_seconds)
     decided: dict[int, Decision] = {}
     for group in spans.values():
         for s in group:
             if s.occupied:
                 decided[id(s)] = _decide(s, data.hints.get(s.gpu.uuid, ()), th)
-    _agree_in_lockstep(spans, decided)
+    _agree_in_lockstep(spans, decided, groups)
     return [
         _overall(gpu, [_segment_of(s, decided, data, th) for s in spans[gpu.uuid]], refs[gpu.uuid])
         for gpu in data.gpus
@@ -1155,42 +1155,66 @@ RULES = (
 )
 
 
-def _agree_in_lockstep(spans: dict[str, list[_Span]], decided: dict[int, Decision]) -> None:
+SpanKey = tuple[str, int]
+
+
+def lockstep_groups(
+    edges: Iterable[tuple[SpanKey, SpanKey]], rank: Callable[[SpanKey], tuple[int, int]]
+) -> dict[SpanKey, list[SpanKey]]:
+    """Merge D: union-find over the lockstep edges; each span in one maps to its component's
+    spans, ordered by ``rank`` (the GPU's place in the fleet, then the span's)."""
+    parent: dict[SpanKey, SpanKey] = {}
+
+    def root(x: SpanKey) -> SpanKey:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]  # path halving
+            x = parent[x]
+        return x
+
+    for a, b in edges:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[rb] = ra
+    components: dict[SpanKey, list[SpanKey]] = {}
+    for x in parent:
+        components.setdefault(root(x), []).append(x)
+    return {x: sorted(c, key=rank) for c in components.values() for x in c}
+
+
+def _agree_in_lockstep(
+    spans: dict[str, list[_Span]],
+    decided: dict[int, Decision],
+    groups: dict[SpanKey, list[SpanKey]],
+) -> None:
     """GPUs in lockstep are one workload: they take the class most of them got, weighted by the
     margin each decided with (tensor-parallel replicas, data-parallel ranks)."""
-    seen: set[int] = set()
-    for group in spans.values():
-        for s in group:
-            if id(s) in seen or not s.peers or id(s) not in decided:
+    seen: set[SpanKey] = set()
+    for uuid, group in spans.items():
+        for i, s in enumerate(group):
+            key = (uuid, i)
+            if key in seen or key not in groups or id(s) not in decided:
                 continue
-            members = _component(s)
-            seen |= {id(m) for m in members}
-            votes: dict[str, float] = {}
-            for m in members:
-                cls, margin, _, _ = decided[id(m)]
-                votes[cls] = votes.get(cls, 0.0) + 0.1 + margin
-            best = max(votes, key=lambda k: (votes[k], k))
-            note = f"{len(members)} GPUs in lockstep (r={max(m.peer_r for m in members):.2f})"
-            agreed = sum(1 for x in members if decided[id(x)][0] == best) / len(members)
-            for m in members:
-                cls, margin, words, basis = decided[id(m)]
-                if cls != best:
-                    words = [f"classed with its lockstep group ({agreed:.0%} of them {best})"]
-                    margin, basis = 0.2, "lockstep"
-                # The class's own evidence first (what decided it), then the grouping.
-                decided[id(m)] = (best, margin + 0.1 * agreed, [*words, note], basis)
+            seen |= set(groups[key])
+            _agree([spans[u][j] for u, j in groups[key]], decided)
 
 
-def _component(s: _Span) -> list[_Span]:
-    out, stack, seen = [], [s], {id(s)}
-    while stack:
-        x = stack.pop()
-        out.append(x)
-        for p in x.peers:
-            if id(p) not in seen:
-                seen.add(id(p))
-                stack.append(p)
-    return out
+def _agree(members: list[_Span], decided: dict[int, Decision]) -> None:
+    """One component's vote, and each member's decision after it."""
+    votes: dict[str, float] = {}
+    for m in members:
+        cls, margin, _, _ = decided[id(m)]
+        votes[cls] = votes.get(cls, 0.0) + 0.1 + margin
+    best = max(votes, key=lambda k: (votes[k], k))
+    note = f"{len(members)} GPUs in lockstep (r={max(m.peer_r for m in members):.2f})"
+    agreed = sum(1 for x in members if decided[id(x)][0] == best) / len(members)
+    for m in members:
+        cls, margin, words, basis = decided[id(m)]
+        if cls != best:
+            words = [f"classed with its lockstep group ({agreed:.0%} of them {best})"]
+            margin, basis = 0.2, "lockstep"
+        # The class's own evidence first (what decided it), then the grouping.
+        decided[id(m)] = (best, margin + 0.1 * agreed, [*words, note], basis)
 
 
 def _segment_of(

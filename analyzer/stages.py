@@ -39,7 +39,7 @@ from analyzer.classify import (
     lockstep_pairs,
     map_spans,
 )
-from analyzer.engine import Engine
+from analyzer.engine import Engine, SerialEngine
 from analyzer.load import FleetData, WindowPlan, load, load_nodes, merge, plan_window
 from analyzer.reference import IdleHistogram, fleet_idle, idle_histogram, merge_histograms
 from analyzer.thresholds import Thresholds
@@ -129,6 +129,8 @@ def load_and_classify(
     th = thresholds or Thresholds()
     plan = plan_window(paths, since_seconds, timeout, until=until, start_at=start_at)
     runs = batches(plan.nodes, engine.workers, batch_size)
+    if len(runs) == 1 and batch_size is None:  # one batch: here, without a pool to start
+        engine = SerialEngine()
     loaded = engine.map(load_batch, runs, engine.broadcast(LoadShared(plan, th)))
     data = merge(plan, [x.data for x in loaded])
     idle = fleet_idle(merge_histograms(x.idle for x in loaded))
