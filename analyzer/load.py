@@ -305,6 +305,9 @@ class WindowPlan:
     ignored_future_samples: int
     reach: Reach
     nodes: tuple[str, ...]
+    #: Per input, the nodes a node store holds rows of (in any table); ``None`` for a location
+    #: of segments, which every task reads. A task attaches only the inputs of its nodes.
+    holders: tuple[frozenset[str] | None, ...] = ()
 
 
 @sf.reads_stores
@@ -388,9 +391,32 @@ def _plan_on(
     start, end = whole_buckets(first, newest, since_seconds, bucket, until, start_at)
     reach = _reach(con, paths, aliases, first)
     nodes = _nodes(con, aliases, start, end)
+    holders = _holders(con, paths, aliases)
     return WindowPlan(
-        tuple(paths), timeout, days, start, end, bucket, interval, ignored, reach, nodes
+        tuple(paths), timeout, days, start, end, bucket, interval, ignored, reach, nodes, holders
     )
+
+
+def _holders(
+    con: duckdb.DuckDBPyConnection, paths: Sequence[sf.Input], aliases: list[str]
+) -> tuple[frozenset[str] | None, ...]:
+    """Each input's nodes (:attr:`WindowPlan.holders`), from every table of a node store that
+    has a ``node`` column, as attached (``r_…``): a task reading a node then attaches every
+    store that holds any of its rows, and keyed rows deduplicate as over all inputs."""
+    out: list[frozenset[str] | None] = []
+    for path, alias in zip(paths, aliases[: len(paths)], strict=True):
+        if not isinstance(path, Path):
+            out.append(None)
+            continue
+        tables = con.execute(
+            "SELECT DISTINCT table_name FROM duckdb_columns() WHERE database_name = $d "
+            "AND column_name = 'node' ORDER BY 1",
+            {"d": f"r_{alias}"},
+        ).fetchall()
+        union = " UNION ".join(f"SELECT DISTINCT node FROM r_{alias}.{t}" for (t,) in tables)
+        rows = con.execute(union).fetchall() if union else []
+        out.append(frozenset(str(n) for (n,) in rows if n is not None))
+    return tuple(out)
 
 
 #: The tables whose rows a node's task reads within the window: a node with any of them in the
@@ -420,9 +446,14 @@ def _nodes(
 
 def load_nodes(batch: Sequence[str], plan: WindowPlan) -> FleetData:
     """Map A's task: the plan's window for the nodes of ``batch`` only, read by this task from
-    the inputs themselves (the driver never holds raw rows). Each task attaches every input, so
-    a node that is in a store and in published segments counts once, as in :func:`load`."""
-    return _read_nodes(plan.inputs, tuple(batch), plan)
+    the inputs themselves (the driver never holds raw rows). It attaches every location and the
+    node stores that hold its nodes, so a node that is in a store and in published segments
+    counts once, as in :func:`load`."""
+    held = plan.holders or (None,) * len(plan.inputs)
+    mine = [
+        p for p, h in zip(plan.inputs, held, strict=True) if h is None or not h.isdisjoint(batch)
+    ]
+    return _read_nodes(mine or list(plan.inputs), tuple(batch), plan)
 
 
 @sf.reads_stores

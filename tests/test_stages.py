@@ -170,3 +170,31 @@ def test_batches_are_consecutive_runs_of_nodes() -> None:
     assert sum(len(b) for b in batches([f"n{i}" for i in range(200)], 1)) == 200
     assert len(batches([f"n{i}" for i in range(200)], 1)) == 4  # 64 nodes a batch at most
     assert batches([], 4) == [()]
+
+
+def test_a_node_in_a_store_and_in_segments_counts_once_in_every_batch(
+    pool: PoolEngine, tmp_path: Path
+) -> None:
+    """Nodes n1 and n2 are in a store and, for their first two hours, in published segments;
+    n3 is in a store of its own: each task attaches the location and only the stores of its
+    nodes, and the document is the one read in process from every input at once."""
+    from agent.publish import publish
+    from analyzer.analysis import analyze
+    from store import location as loc
+    from tests.test_publish import _store_with_rows
+
+    start = 1_780_000_000.0
+    both = _store_with_rows(tmp_path / "both.duckdb", ["n1", "n2"], start, hours=3)
+    alone = _store_with_rows(tmp_path / "alone.duckdb", ["n3"], start, hours=3)
+    fleet = tmp_path / "fleet"
+    publish(both, loc.parse(str(fleet)), start + 2 * 3600)
+    both.close()
+    alone.close()
+    stores = [str(fleet), str(both.path), str(alone.path)]
+    one = analyze(stores, "7d")
+    staged = analyze(stores, "7d", engine=pool, batch_size=1)
+    assert [g["node"] for g in one["gpus"]] == ["n1", "n2", "n3"]
+    assert one["gpus"][0]["gpu_hours"] == pytest.approx(
+        {**one["gpus"][0]["gpu_hours"], "training": 3.0}, abs=0.2
+    )  # three hours once, not five (the segments' two again)
+    _same(one, staged)
