@@ -198,3 +198,47 @@ def test_a_node_in_a_store_and_in_segments_counts_once_in_every_batch(
         {**one["gpus"][0]["gpu_hours"], "training": 3.0}, abs=0.2
     )  # three hours once, not five (the segments' two again)
     _same(one, staged)
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_node_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from sim.engine import simulate
+    from sim.scenario import load
+
+    store = tmp_path_factory.mktemp("cli") / "mig.duckdb"  # two nodes
+    simulate(dataclasses.replace(load("mig"), interval_seconds=300.0), store, days=0.25)
+    return store
+
+
+def test_the_cli_gives_one_document_on_each_engine(two_node_store: Path) -> None:
+    from tests.conftest import run_aiscope
+
+    docs = []
+    for engine in (["--engine", "serial"], ["--engine", "pool", "--workers", "2"]):
+        result = run_aiscope("analyze", "--store", str(two_node_store), *engine, timeout=180)
+        assert result.returncode == 0, result.stderr
+        docs.append(result.stdout)
+    assert docs[0] == docs[1]
+
+
+def test_engine_options_that_cannot_run_say_so_in_one_line(two_node_store: Path) -> None:
+    import importlib.util
+
+    from tests.conftest import run_aiscope
+
+    cases = [
+        (["--engine", "spark"], "--engine spark: not one of serial, pool, ray"),
+        (["--engine", "serial", "--workers", "2"], "--workers: only with --engine pool"),
+        (["--engine", "pool", "--address", "auto"], "--address: only with --engine ray"),
+    ]
+    if importlib.util.find_spec("ray") is None:
+        missing = "--engine ray: Ray is not installed; pip install 'aiscope[ray]'"
+        cases.append((["--engine", "ray"], missing))
+    for options, message in cases:
+        result = run_aiscope("analyze", "--store", str(two_node_store), *options)
+        assert result.returncode == 2, (options, result.stderr)
+        assert message in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
