@@ -304,7 +304,8 @@ class WindowPlan:
     sample_interval_seconds: float | None
     ignored_future_samples: int
     reach: Reach
-    nodes: tuple[str, ...]
+    #: The nodes (:func:`plan_window` lists them; :func:`load` reads all at once, unlisted).
+    nodes: tuple[str, ...] = ()
     #: Per input, the nodes a node store holds rows of (in any table); ``None`` for a location
     #: of segments, which every task reads. A task attaches only the inputs of its nodes.
     holders: tuple[frozenset[str] | None, ...] = ()
@@ -333,7 +334,7 @@ def load(
         aliases = sf.attach_inputs(con, list(paths), timeout, days)
         plan = _plan_on(
             con, paths, aliases, since_seconds, timeout, days, bucket_seconds, until, start_at
-        )
+        )  # one batch of every node: no need to list them
         _materialize(con, aliases, plan.window_start, plan.window_end, plan.bucket_seconds)
         sf.detach_inputs(con, aliases)
         return merge(plan, [_fetch(con, plan)])
@@ -358,6 +359,11 @@ def plan_window(
         aliases = sf.attach_inputs(con, list(paths), timeout, days)
         plan = _plan_on(
             con, paths, aliases, since_seconds, timeout, days, bucket_seconds, until, start_at
+        )
+        plan = dataclasses.replace(
+            plan,
+            nodes=_nodes(con, aliases, plan.window_start, plan.window_end),
+            holders=_holders(con, paths, aliases),
         )
         sf.detach_inputs(con, aliases)
         return plan
@@ -390,11 +396,7 @@ def _plan_on(
     bucket = bucket_seconds or bucket_for(min(since_seconds, newest - first + 1.0), interval)
     start, end = whole_buckets(first, newest, since_seconds, bucket, until, start_at)
     reach = _reach(con, paths, aliases, first)
-    nodes = _nodes(con, aliases, start, end)
-    holders = _holders(con, paths, aliases)
-    return WindowPlan(
-        tuple(paths), timeout, days, start, end, bucket, interval, ignored, reach, nodes, holders
-    )
+    return WindowPlan(tuple(paths), timeout, days, start, end, bucket, interval, ignored, reach)
 
 
 def _holders(
