@@ -16,6 +16,11 @@ Merge D     the driver: replicas, the decision per span, GPUs in lockstep agreei
             components), each GPU's verdict (:func:`analyzer.classify.finish`)
 ==========  ==================================================================================
 
+Shuffle C is keyed by the start window only, not yet sub-keyed by memory footprint as the issue
+sketches: the footprint test (memory ratios within 0.1, else GiB within 10%, else any) does not
+bin into one key without copies to the neighbouring bins, so a job that starts 10,000 GPUs at
+once still loads one reducer.
+
 Stage functions are module-level and their arguments frozen records, so that every engine
 (:mod:`analyzer.engine`) can send them to another process or machine. Serial, pool and Ray give
 the same documents (``tests/test_stages.py``).
