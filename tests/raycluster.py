@@ -19,11 +19,16 @@ Teardown kills the process group, then any process still carrying this cluster's
 ``RAY_TMPDIR`` (Ray puts each worker in a process group of its own). Never ``ray stop``: it
 stops every Ray process on the machine, other people's clusters included.
 
-Cost, measured with ``tests/raycluster.py`` on the 2-core development machine, idle: the head
-takes about 4 s to start and its eight processes hold about 0.7 GiB RSS (sum over the process
-group, no task run yet; 0.5 GB of it is the object store's reservation, mostly untouched). On a
-machine loaded 7 to 1 it took 41 s; hence :data:`START_TIMEOUT_SECONDS` and
-``RAY_raylet_start_wait_time_s``.
+Cost, measured (``ray start`` to its return, then the process group's CPU and RSS summed from
+``/proc``) on the 2-core development machine while four other sessions kept it at a load of 12 to
+16: 24.5 s wall, 5.2 CPU-seconds (1.8 in ``ray start``, 3.4 in the eight daemons) and 0.33 GiB
+RSS, with ``rfc3987_syntax`` hidden. Unhidden, as in CI's environment, every one of Ray's Python
+daemons imports it through ``jsonschema`` (about 2.3 CPU-seconds each, compiling a grammar), the
+head holds 0.69 GiB, and on that loaded machine its dashboard agent missed the raylet's fixed
+15 s wait for the agent's ports (the raylet aborts; ``ray start`` gives up after its own 30 s):
+one start in ten succeeded, hence one retry and :data:`START_TIMEOUT_SECONDS`. On 2 idle cores
+that CPU comes to an estimated 3 to 8 s (the issue measured about 4 s and 0.6 GiB); not measured
+here, where no core was idle.
 """
 
 from __future__ import annotations
@@ -85,13 +90,7 @@ class RayCluster:
     def _start_once(self) -> None:
         self.token_path.write_text(secrets.token_hex(32))
         self.token_path.chmod(0o600)
-        env = {
-            **os.environ,
-            **self.env(),
-            # The raylet waits this long for its agents before giving up (Ray's default, 15 s,
-            # is too short when the runner is busy); it costs nothing when they are quick.
-            "RAY_raylet_start_wait_time_s": "120",
-        }
+        env = {**os.environ, **self.env()}
         env.pop("RAY_ADDRESS", None)
         started = subprocess.Popen(
             [
