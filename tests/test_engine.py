@@ -3,6 +3,7 @@ functions to the same results, and fail the same way (issue #25)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -180,3 +181,30 @@ def test_a_client_without_the_clusters_token_is_refused(
     assert run.returncode == 2, run.stdout + run.stderr[-2000:]
     assert run.stdout.startswith("--address auto: the Ray cluster there refused this client's")
     assert run.stdout.count("\n") == 1
+
+
+# -- the staged analysis on the real cluster ---------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("analyzer.stages") is None,
+    reason="the staged analysis (--engine on the CLI, issue #25) is not on this branch yet",
+)
+def test_aiscope_analyze_on_ray_prints_the_serial_document(
+    ray_cluster: RayCluster, training_multinode_store: Path
+) -> None:
+    """``aiscope analyze --engine ray --address auto``, as a user runs it on a head node, prints
+    byte for byte what ``--engine serial`` prints, on a scenario whose training job spans nodes
+    (its lockstep is found across batches, through the shuffle)."""
+    from tests.conftest import run_aiscope
+
+    docs = []
+    for engine in (["--engine", "serial"], ["--engine", "ray", "--address", "auto"]):
+        store = str(training_multinode_store)
+        result = run_aiscope(
+            "analyze", "--store", store, *engine, env=ray_cluster.env(), timeout=300
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        docs.append(result.stdout)
+    assert '"gpus"' in docs[0] and docs[0] == docs[1]
