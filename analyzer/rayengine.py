@@ -38,6 +38,7 @@ import functools
 import logging
 import socket
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from analyzer.engine import (
@@ -84,39 +85,66 @@ _REFUSED = (
 Tagged = tuple[int, Any, Any]
 
 
-def _map(fn: Callable[[T, S], R], item: T, shared: S) -> R:
-    return run_stage("ray", fn, functools.partial(fn, item, shared))
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A stage's error, returned by its task instead of raised. Every task then ends with a
+    value, and the driver raises the first error in the items' order; an error Ray held instead
+    would be printed as an "unhandled error" for every other failed task the driver never read,
+    and reading them all would fetch every successful result too."""
+
+    error: AiscopeError
+
+
+def _guarded(stage: Callable[..., Any], call: Callable[[], R]) -> R | _Failed:
+    try:
+        return run_stage("ray", stage, call)
+    except AiscopeError as exc:  # run_stage's EngineError, or the stage's own error
+        return _Failed(exc)
+
+
+def _map(fn: Callable[[T, S], R], item: T, shared: S) -> R | _Failed:
+    return _guarded(fn, functools.partial(fn, item, shared))
 
 
 def _partitioned(
     fn: Callable[[T, S], Iterable[tuple[K, V]]], item: T, shared: S, partitions: int
-) -> list[Tagged] | tuple[list[Tagged], ...]:
+) -> Any:
     """One mapper: its pairs, tagged with their position, split into ``partitions`` lists (one
-    object each; with one partition Ray wants the single list, not a 1-tuple)."""
-    parts: list[list[Tagged]] = [[] for _ in range(partitions)]
-    pairs = run_stage("ray", fn, lambda: list(fn(item, shared)))
-    for position, (key, value) in enumerate(pairs):
-        parts[stable_partition(key, partitions)].append((position, key, value))
+    object each; with one partition Ray wants the single list, not a 1-tuple). A failed mapper
+    hands its failure to every reducer."""
+    pairs = _guarded(fn, lambda: list(fn(item, shared)))
+    parts: list[Any] = [[] for _ in range(partitions)]
+    if isinstance(pairs, _Failed):
+        parts = [pairs] * partitions
+    else:
+        for position, (key, value) in enumerate(pairs):
+            parts[stable_partition(key, partitions)].append((position, key, value))
     return parts[0] if partitions == 1 else tuple(parts)
 
 
 def _reduce(
-    reduce: Callable[[K, list[V], S], R], shared: S, *mapped: list[Tagged]
-) -> list[tuple[tuple[int, int], K, R]]:
+    reduce: Callable[[K, list[V], S], R], shared: S, *mapped: list[Tagged] | _Failed
+) -> list[tuple[tuple[int, int], K, R]] | _Failed:
     """One reducer: ``mapped`` is its partition from every mapper, in the items' order. Returns
-    ``((mapper, position), key, result)``: where the key first appeared, for the driver's order."""
+    ``((mapper, position), key, result)``: where the key first appeared, for the driver's order
+    (or the first failure, a mapper's or its own)."""
     grouped: dict[Any, list[Any]] = {}
     first: dict[Any, tuple[int, int]] = {}
     for mapper, pairs in enumerate(mapped):
+        if isinstance(pairs, _Failed):
+            return pairs
         for position, key, value in pairs:
             if key not in grouped:
                 grouped[key] = []
                 first[key] = (mapper, position)
             grouped[key].append(value)
-    return [
-        (first[key], key, run_stage("ray", reduce, functools.partial(reduce, key, values, shared)))
-        for key, values in grouped.items()
-    ]
+    rows = []
+    for key, values in grouped.items():
+        result = _guarded(reduce, functools.partial(reduce, key, values, shared))
+        if isinstance(result, _Failed):
+            return result
+        rows.append((first[key], key, result))
+    return rows
 
 
 # Ray's remote functions, typed Any: Ray's generic stubs cannot follow an object ref standing for
@@ -236,21 +264,16 @@ def _get(refs: list[Any], stage: Callable[..., Any]) -> list[Any]:
     """``ray.get`` with the failures of a task as the project's errors (module docstring of
     :mod:`analyzer.engine`)."""
     try:
-        return list(ray.get(refs))
-    except ray.exceptions.RayError as exc:
-        _discard(refs)
+        results = list(ray.get(refs))
+    except ray.exceptions.RayError as exc:  # Ray's own failure: the others are cancelled
+        for ref in refs:
+            with contextlib.suppress(ray.exceptions.RayError, ValueError, TypeError):
+                ray.cancel(ref)
         raise _as_project_error(exc, stage) from exc
-
-
-def _discard(refs: list[Any]) -> None:
-    """After one task failed: cancel the others and collect what they left, so Ray does not
-    print each later failure as an "unhandled error" when the refs are dropped."""
-    for ref in refs:
-        with contextlib.suppress(ray.exceptions.RayError, ValueError, TypeError):
-            ray.cancel(ref)
-    for ref in refs:
-        with contextlib.suppress(ray.exceptions.RayError):
-            ray.get(ref)
+    for result in results:
+        if isinstance(result, _Failed):
+            raise result.error
+    return results
 
 
 def _as_project_error(exc: BaseException, stage: Callable[..., Any]) -> AiscopeError:
