@@ -48,3 +48,12 @@ def explode_reducer(key: Any, values: list[Any], shared: object) -> int:
     if key == "idle":
         raise KeyError(key)
     return len(values)
+
+
+def die(item: int, shared: object) -> int:
+    """A worker killed mid-task, as the OOM killer kills one."""
+    import os
+
+    if item == 1:
+        os._exit(9)
+    return item

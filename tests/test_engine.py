@@ -115,6 +115,28 @@ def test_a_stages_own_error_reaches_the_caller_as_itself(engine: Engine) -> None
         engine.map(stages.refuse, ITEMS, shared)
 
 
+def test_a_worker_that_dies_is_one_line() -> None:
+    """The pool's worker killed mid-task (a fresh pool: a dead worker breaks the whole pool)."""
+    engine = PoolEngine(2)
+    try:
+        with pytest.raises(EngineError, match=r"^engine pool: a worker process died"):
+            engine.map(stages.die, ITEMS, engine.broadcast(None))
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_a_ray_worker_that_dies_is_one_line(ray_engine: Engine) -> None:
+    """Ray retries a task whose worker died (three times), then gives up: one line, and the
+    engine still runs the next stage."""
+    with pytest.raises(EngineError) as raised:
+        ray_engine.map(stages.die, ITEMS, ray_engine.broadcast(None))
+    message = str(raised.value)
+    assert message.startswith("engine ray: tests.enginestages.die: WorkerCrashedError: ")
+    assert "\n" not in message
+    assert ray_engine.map(stages.scaled, [2], ray_engine.broadcast(SHARED)) == [(6, 2 << 20)]
+
+
 def test_ray_uses_the_clusters_cpus(ray_engine: Engine) -> None:
     assert ray_engine.name == "ray" and ray_engine.workers == 2  # --num-cpus=2
 
