@@ -23,19 +23,32 @@ The interface has three verbs:
 
 Only :mod:`analyzer.rayengine` imports Ray, and only when ``--engine ray`` is asked for: it is
 an optional extra (``pip install 'aiscope[ray]'``).
+
+When a stage raises, every engine stops with an error of the project's own kind, so the CLI gives
+one line and the right exit code whichever engine ran it:
+
+* an :class:`~store.errors.AiscopeError` raised by a stage (a corrupt store is
+  :class:`~store.errors.BadInput`) reaches the caller as itself, from every engine;
+* any other exception (a bug in a stage) reaches the caller of the pool and Ray engines as
+  :class:`EngineError` naming the stage function, the exception and the line it came from: the
+  traceback lives in another process, often on another machine. The serial engine lets it
+  through untouched, with its traceback, because it ran here (tests, debugging);
+* a worker that dies (the OOM killer) or a cluster that goes away is an :class:`EngineError`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import multiprocessing
 import os
+import traceback
 import zlib
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from store.errors import BadInput, Failure
+from store.errors import AiscopeError, BadInput, Failure
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -90,6 +103,33 @@ def stable_partition(key: Hashable, partitions: int) -> int:
     return zlib.crc32(repr(key).encode()) % max(partitions, 1)
 
 
+def stage_name(fn: Callable[..., Any]) -> str:
+    """``module.function`` of a stage, as errors name it."""
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    return f"{module}.{name}" if module else name
+
+
+def run_stage(engine: str, stage: Callable[..., Any], call: Callable[[], R]) -> R:
+    """``call()`` (which runs ``stage``) inside a worker, a stage's bug turned into a one-line
+    :class:`EngineError` that names the stage and where it failed (the project's own errors
+    pass through as they are). It runs in the worker, where the traceback still is."""
+    try:
+        return call()
+    except AiscopeError:
+        raise
+    except Exception as exc:  # any bug in a stage: named here, where its traceback is
+        raise EngineError(f"engine {engine}: {stage_name(stage)} failed: {describe(exc)}") from exc
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message (file.py:LINE)`` on one line: the innermost frame of the traceback."""
+    message = " ".join(str(exc).split()) or "(no message)"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {message}{where}"
+
+
 def _group(outputs: Iterable[Iterable[tuple[K, V]]]) -> dict[K, list[V]]:
     grouped: dict[K, list[V]] = {}
     for pairs in outputs:
@@ -128,17 +168,20 @@ class SerialEngine:
 
 
 def _call(fn: Callable[[T, S], R], item: T, shared: S) -> R:
-    return fn(item, shared)
+    return run_stage("pool", fn, functools.partial(fn, item, shared))
 
 
 def _pairs(fn: Callable[[T, S], Iterable[tuple[K, V]]], item: T, shared: S) -> list[tuple[K, V]]:
-    return list(fn(item, shared))
+    return run_stage("pool", fn, lambda: list(fn(item, shared)))  # the pairs, made here
 
 
 def _reduce_many(
     reduce: Callable[[K, list[V], S], R], groups: list[tuple[K, list[V]]], shared: S
 ) -> list[tuple[K, R]]:
-    return [(key, reduce(key, values, shared)) for key, values in groups]
+    return [
+        (key, run_stage("pool", reduce, functools.partial(reduce, key, values, shared)))
+        for key, values in groups
+    ]
 
 
 class PoolEngine:
@@ -172,7 +215,8 @@ class PoolEngine:
         shared: Shared[S],
     ) -> dict[K, R]:
         mapped = [self._pool.submit(_pairs, fn, item, shared.handle) for item in items]
-        grouped = _group(self._result(f) for f in mapped)
+        outputs: list[list[tuple[K, V]]] = [self._result(f) for f in mapped]
+        grouped = _group(outputs)
         partitions: list[list[tuple[K, list[V]]]] = [[] for _ in range(self._workers)]
         for key, values in grouped.items():
             partitions[stable_partition(key, self._workers)].append((key, values))
@@ -183,7 +227,8 @@ class PoolEngine:
         ]
         out: dict[K, R] = {}
         for f in reduced:
-            out.update(self._result(f))
+            rows: list[tuple[K, R]] = self._result(f)
+            out.update(rows)
         return {key: out[key] for key in grouped}  # the serial engine's key order
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings
@@ -16,6 +17,9 @@ from hypothesis import settings
 from agent.nvml import install_library
 from sim.profiles import profile
 from sim.vnvml import VirtualGpu, VirtualNvmlLibrary
+
+if TYPE_CHECKING:
+    from tests.raycluster import RayCluster
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
@@ -143,3 +147,14 @@ def demo_two_day_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("shared-sim") / "demo-2d.duckdb"
     simulate(dataclasses.replace(load("demo"), interval_seconds=300.0), path, days=2.0)
     return path
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    """A real one-node Ray cluster (``tests/raycluster.py``: 2 CPUs, token authentication), once
+    per session. A client runs with ``cluster.env()`` in its environment and connects with
+    ``address="auto"``. Skipped without Ray, unless CI demands it (``AISCOPE_REQUIRE_TOOLS``)."""
+    from tests.raycluster import running
+
+    with running(require_tool("ray")) as cluster:
+        yield cluster

@@ -355,3 +355,65 @@ def test_the_image_copies_every_package() -> None:
     for pattern in include:
         package = pattern.rstrip("*")
         assert f"COPY {package} ./{package}\n" in dockerfile, package
+
+
+# -- Ray: KubeRay's RayJob and RayCronJob, and the Slurm script (issue #25) -----------------------
+
+RAY_K8S = K8S / "ray"
+
+
+def ray_manifests() -> dict[tuple[str, str], dict]:
+    """``kubectl kustomize deploy/kubernetes/ray``, by (kind, name)."""
+    kubectl = require_tool("kubectl")
+    built = _run(kubectl, "kustomize", RAY_K8S)
+    assert built.returncode == 0, built.stderr
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built.stdout)}
+
+
+def test_the_rayjob_analyzes_the_fleet_location_on_its_own_cluster() -> None:
+    docs = ray_manifests()
+    job = docs[("RayJob", "aiscope-analyze")]["spec"]
+    entry = " ".join(job["entrypoint"].split())
+    assert 'aiscope analyze --engine ray --address auto --store "$AISCOPE_FLEET"' in entry
+    assert entry.startswith("set -eu;") and '> "$out"' in entry
+    assert job["shutdownAfterJobFinishes"] is True and job["activeDeadlineSeconds"] > 0
+    cluster = job["rayClusterSpec"]
+    assert cluster["authOptions"] == {"mode": "token"}  # KubeRay hands every pod the token
+    # The image's Ray is the cluster's: the Dockerfile's ray target is Ray's image at that tag.
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert f"FROM rayproject/ray:{cluster['rayVersion']}-py312-cpu AS ray\n" in dockerfile
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"configMapRef": {"name": "aiscope-ray"}} in head["envFrom"]
+    config = docs[("ConfigMap", "aiscope-ray")]["data"]
+    assert config["AISCOPE_FLEET"].startswith("s3://") and config["AISCOPE_SINCE"] == "7d"
+    assert all(d["metadata"]["namespace"] == "aiscope" for d in docs.values())
+
+
+def test_the_raycronjob_is_the_rayjob_weekly_with_the_reports() -> None:
+    docs = ray_manifests()
+    cron = docs[("RayCronJob", "aiscope-weekly-report")]["spec"]
+    assert cron["schedule"] == "0 6 * * 1" and cron["timeZone"] == "Etc/UTC"
+    template = dict(cron["jobTemplate"])
+    entry = " ".join(template.pop("entrypoint").split())
+    assert 'aiscope report --engine ray --address auto --store "$AISCOPE_FLEET"' in entry
+    for suffix in ("html", "md", "json"):
+        assert f'--out "/fleet/reports/aiscope-$d.{suffix}"' in entry
+    assert "-mtime +90 -delete" in entry  # kept as long as the one-machine CronJob keeps them
+    # Everything but what it runs is the one-off RayJob's: the two cannot drift apart.
+    job = dict(docs[("RayJob", "aiscope-analyze")]["spec"])
+    job.pop("entrypoint")
+    assert template == job
+
+
+def test_the_analyze_sbatch_is_clean_shell_and_starts_ray_across_the_allocation() -> None:
+    script = DEPLOY / "slurm" / "aiscope-analyze.sbatch"
+    shellcheck = require_tool("shellcheck")
+    result = _run(shellcheck, script)
+    assert result.returncode == 0, result.stdout
+    text = script.read_text()
+    assert "\nset -euo pipefail\n" in text
+    assert re.search(r'srun [^\n]*-w "\$head_node" \\\n\s+"\$RAY" start --head', text)
+    assert re.search(r'srun [^\n]*-w "\$node" \\\n\s+"\$RAY" start --block --address=', text)
+    assert "--include-dashboard=false" in text and "export RAY_AUTH_MODE=token" in text
+    assert '"$AISCOPE" report --engine ray --address auto --store "$FLEET"' in text
+    assert "trap stop_ray EXIT" in text and '"$RAY" stop' in text

@@ -126,3 +126,63 @@ def test_the_hostpath_store_is_closed_to_other_users_before_it_is_handed_over() 
     # chmod while root still owns it (no CAP_FOWNER needed), then chown: mode 0750, uid 65532
     assert script.index("chmod 0750 /var/lib/aiscope") < script.index("chown 65532:65532")
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+
+
+def _ray_pods() -> dict[str, dict]:
+    """Every pod spec the Ray manifests make: head, workers and submitter, job and cron job."""
+    from tests.test_deploy import ray_manifests
+
+    docs = ray_manifests()
+    pods = {}
+    for name, spec in (
+        ("rayjob", docs[("RayJob", "aiscope-analyze")]["spec"]),
+        ("raycronjob", docs[("RayCronJob", "aiscope-weekly-report")]["spec"]["jobTemplate"]),
+    ):
+        cluster = spec["rayClusterSpec"]
+        pods[f"{name} head"] = cluster["headGroupSpec"]["template"]["spec"]
+        for group in cluster["workerGroupSpecs"]:
+            pods[f"{name} {group['groupName']}"] = group["template"]["spec"]
+        pods[f"{name} submitter"] = spec["submitterPodTemplate"]["spec"]
+    return pods
+
+
+def test_the_ray_pods_run_unprivileged_without_an_api_token() -> None:
+    pods = _ray_pods()
+    assert len(pods) == 6
+    for where, pod in pods.items():
+        assert pod["automountServiceAccountToken"] is False, where
+        assert pod["securityContext"]["runAsNonRoot"] is True, where
+        assert pod["securityContext"]["runAsUser"] == 1000, where  # Ray's image's user ray
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True, where
+            assert context["allowPrivilegeEscalation"] is False, where
+            assert context["capabilities"] == {"drop": ["ALL"]}, where
+            assert {"requests", "limits"} <= set(container["resources"]), where
+            assert container["image"] == "ghcr.io/aiscope-dev/aiscope-ray:0.1.0", where
+        # What a read-only root needs written (Ray's sessions) is a volume of the pod's own.
+        mounts = {m["mountPath"] for c in pod["containers"] for m in c["volumeMounts"]}
+        assert "/tmp" in mounts, where
+
+
+def test_the_ray_pods_read_the_fleet_with_workload_identity_not_secrets() -> None:
+    from tests.test_deploy import ray_manifests
+
+    docs = ray_manifests()
+    account = docs[("ServiceAccount", "aiscope-ray")]
+    assert account["automountServiceAccountToken"] is False
+    assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws")
+    assert not [k for k in docs if k[0] in ("Secret", "Role", "ClusterRole")]
+    secretish = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+    for where, pod in _ray_pods().items():
+        if not where.endswith("submitter"):
+            assert pod["serviceAccountName"] == "aiscope-ray", where
+        for container in pod["containers"]:
+            for ref in container.get("envFrom", []):
+                assert "secretRef" not in ref, where
+            for env in container.get("env", []):
+                assert "secretKeyRef" not in env.get("valueFrom", {}), where
+                assert not any(word in env["name"] for word in secretish), (where, env["name"])
+    config = docs[("ConfigMap", "aiscope-ray")]["data"]
+    assert not any(word in key for key in config for word in secretish)

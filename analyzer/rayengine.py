@@ -1,0 +1,295 @@
+"""The Ray engine: the analysis's stages as Ray core tasks, their shared values in Ray's object
+store (issue #25). ``aiscope analyze --engine ray --address auto|HOST:PORT|ray://HOST:10001``.
+
+Core tasks, never Ray Data: ``map_groups`` materialises its input first and was about five times
+slower on this shape (a few large per-node batches, a shuffle of small keyed records).
+
+How the three verbs become tasks:
+
+* :meth:`RayEngine.broadcast` is one ``ray.put``; every task is handed the object ref as a
+  top-level argument, which Ray resolves to the value in the worker (NumPy arrays zero-copy from
+  the node's shared memory), so a value is sent once per node, not once per task;
+* :meth:`RayEngine.map` is one task per item. The stage function is put once per call as well:
+  a module-level function pickles by reference (a few bytes), but a closure would otherwise be
+  pickled again into every task;
+* :meth:`RayEngine.shuffle_reduce` runs each item's mapper with ``num_returns=P`` (P reducers: the
+  cluster's CPUs), each return being the pairs of one partition (:func:`stable_partition`), then
+  P reducers, each handed its partition's ref from every mapper in the items' order. A reducer
+  groups values by key in mapper order, then in each mapper's order, as the serial engine does,
+  and reports where each key first appeared so the driver returns the serial engine's key order.
+  The driver never holds a mapper's output: only the reducers' results come back.
+
+Connecting. ``auto`` is the cluster this machine's ``ray start`` recorded (under ``RAY_TMPDIR``,
+or ``RAY_ADDRESS``): the RayJob's entrypoint and the sbatch script run on the head node. Ray's
+token authentication (on by default for clusters started on one machine since Ray 2.59) reads
+``RAY_AUTH_MODE`` and ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH`` from the environment; KubeRay
+sets them in its pods (``authOptions``), the sbatch script exports them. The engine never starts
+a cluster (so never a dashboard), and only shuts down the connection it opened.
+
+Workers import the stage functions by module: the cluster's image (or the shared virtual
+environment on Slurm) has aiscope installed, and on one machine Ray hands workers the driver's
+``sys.path``; so no ``runtime_env`` is needed, and none is shipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import socket
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from analyzer.engine import (
+    RAY_INSTALL,
+    EngineError,
+    EngineUnavailable,
+    Shared,
+    describe,
+    run_stage,
+    stable_partition,
+    stage_name,
+)
+from store.errors import AiscopeError
+
+try:
+    import ray
+    import ray.exceptions
+except ImportError as exc:  # the optional extra: one line saying how to get it
+    if exc.name in ("ray", "ray.exceptions"):
+        raise EngineUnavailable(f"--engine ray: Ray is not installed; {RAY_INSTALL}") from exc
+    raise EngineUnavailable(f"--engine ray: Ray cannot be imported ({exc}); {RAY_INSTALL}") from exc
+
+T = TypeVar("T")
+R = TypeVar("R")
+S = TypeVar("S")
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+#: How long the address's port may take to answer before it counts as no cluster (seconds).
+CONNECT_TIMEOUT_SECONDS = 5.0
+_NO_CLUSTER = (
+    "no Ray cluster there (start one with `ray start --head`, or name it: --address HOST:6379 "
+    "or --address ray://HOST:10001; a cluster with token authentication needs RAY_AUTH_TOKEN or "
+    "RAY_AUTH_TOKEN_PATH)"
+)
+
+_REFUSED = (
+    "the Ray cluster there refused this client's token (token authentication: set "
+    "RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH to a file, holding the cluster's token; "
+    "`ray get-auth-token` on the head prints it)"
+)
+
+#: (position in the mapper's output, key, value): the position orders keys as the serial engine.
+Tagged = tuple[int, Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A stage's error, returned by its task instead of raised. Every task then ends with a
+    value, and the driver raises the first error in the items' order; an error Ray held instead
+    would be printed as an "unhandled error" for every other failed task the driver never read,
+    and reading them all would fetch every successful result too."""
+
+    error: AiscopeError
+
+
+def _guarded(stage: Callable[..., Any], call: Callable[[], R]) -> R | _Failed:
+    try:
+        return run_stage("ray", stage, call)
+    except AiscopeError as exc:  # run_stage's EngineError, or the stage's own error
+        return _Failed(exc)
+
+
+def _map(fn: Callable[[T, S], R], item: T, shared: S) -> R | _Failed:
+    return _guarded(fn, functools.partial(fn, item, shared))
+
+
+def _partitioned(
+    fn: Callable[[T, S], Iterable[tuple[K, V]]], item: T, shared: S, partitions: int
+) -> Any:
+    """One mapper: its pairs, tagged with their position, split into ``partitions`` lists (one
+    object each; with one partition Ray wants the single list, not a 1-tuple). A failed mapper
+    hands its failure to every reducer."""
+    pairs = _guarded(fn, lambda: list(fn(item, shared)))
+    parts: list[Any] = [[] for _ in range(partitions)]
+    if isinstance(pairs, _Failed):
+        parts = [pairs] * partitions
+    else:
+        for position, (key, value) in enumerate(pairs):
+            parts[stable_partition(key, partitions)].append((position, key, value))
+    return parts[0] if partitions == 1 else tuple(parts)
+
+
+def _reduce(
+    reduce: Callable[[K, list[V], S], R], shared: S, *mapped: list[Tagged] | _Failed
+) -> list[tuple[tuple[int, int], K, R]] | _Failed:
+    """One reducer: ``mapped`` is its partition from every mapper, in the items' order. Returns
+    ``((mapper, position), key, result)``: where the key first appeared, for the driver's order
+    (or the first failure, a mapper's or its own)."""
+    grouped: dict[Any, list[Any]] = {}
+    first: dict[Any, tuple[int, int]] = {}
+    for mapper, pairs in enumerate(mapped):
+        if isinstance(pairs, _Failed):
+            return pairs
+        for position, key, value in pairs:
+            if key not in grouped:
+                grouped[key] = []
+                first[key] = (mapper, position)
+            grouped[key].append(value)
+    rows = []
+    for key, values in grouped.items():
+        result = _guarded(reduce, functools.partial(reduce, key, values, shared))
+        if isinstance(result, _Failed):
+            return result
+        rows.append((first[key], key, result))
+    return rows
+
+
+# Ray's remote functions, typed Any: Ray's generic stubs cannot follow an object ref standing for
+# its value, which is how every task here gets the stage function and the broadcast value.
+_MAP_TASK: Any = ray.remote(_map)
+_PARTITIONED_TASK: Any = ray.remote(_partitioned)
+_REDUCE_TASK: Any = ray.remote(_reduce)
+
+
+class RayEngine:
+    """Ray core tasks on the cluster at ``address`` (``auto``, ``HOST:PORT`` or
+    ``ray://HOST:PORT``)."""
+
+    name = "ray"
+
+    def __init__(self, address: str = "auto") -> None:
+        self.address = address
+        self._connected_here = False
+        _check_reachable(address)
+        if ray.is_initialized():  # a notebook, or a task, already connected: that cluster
+            _check_same_cluster(address)
+        else:
+            _connect(address)
+            self._connected_here = True
+        resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        self._workers = max(1, int(resources.get("CPU", 1)))
+
+    @property
+    def workers(self) -> int:
+        """The cluster's CPUs: how many tasks run at once, and the number of reducers."""
+        return self._workers
+
+    def broadcast(self, value: S) -> Shared[S]:
+        return Shared(ray.put(value))
+
+    def map(self, fn: Callable[[T, S], R], items: Sequence[T], shared: Shared[S]) -> list[R]:
+        fn_ref = ray.put(fn)
+        refs = [_MAP_TASK.remote(fn_ref, item, shared.handle) for item in items]
+        return _get(refs, fn)
+
+    def shuffle_reduce(
+        self,
+        fn: Callable[[T, S], Iterable[tuple[K, V]]],
+        items: Sequence[T],
+        reduce: Callable[[K, list[V], S], R],
+        shared: Shared[S],
+    ) -> dict[K, R]:
+        partitions = self._workers
+        fn_ref, reduce_ref = ray.put(fn), ray.put(reduce)
+        mapper = _PARTITIONED_TASK.options(num_returns=partitions)
+        mapped = [mapper.remote(fn_ref, item, shared.handle, partitions) for item in items]
+        by_mapper = [[refs] if partitions == 1 else list(refs) for refs in mapped]
+        reducers = [
+            _REDUCE_TASK.remote(reduce_ref, shared.handle, *(refs[p] for refs in by_mapper))
+            for p in range(partitions)
+        ]
+        results = [row for rows in _get(reducers, reduce) for row in rows]
+        results.sort(key=lambda row: row[0])  # the serial engine's order: first appearance
+        return {key: result for _, key, result in results}
+
+    def close(self) -> None:
+        if self._connected_here and ray.is_initialized():
+            ray.shutdown()
+        self._connected_here = False
+
+
+def _connect(address: str) -> None:
+    """``ray.init`` on an existing cluster, quietly, or one line saying there is none."""
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        if _refused_token(exc):
+            raise EngineUnavailable(f"--address {address}: {_REFUSED}") from exc
+        raise EngineUnavailable(f"--address {address}: {_NO_CLUSTER}; Ray: {_last(exc)}") from exc
+
+
+def _refused_token(exc: BaseException) -> bool:
+    """Whether Ray's error chain says the cluster refused this client's token."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if "InvalidAuthToken" in str(seen) or type(seen).__name__ == "AuthenticationError":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _check_same_cluster(address: str) -> None:
+    """This process is connected already: ``address`` must be that cluster (or ``auto``)."""
+    current = str(ray.get_runtime_context().gcs_address)
+    if address not in ("auto", current):
+        raise EngineUnavailable(
+            f"--address {address}: this process is connected to the Ray cluster at {current} "
+            "already (one cluster per process: run it with --address auto)"
+        )
+
+
+def _check_reachable(address: str) -> None:
+    """A named address's port answers within seconds (Ray itself retries for a minute)."""
+    if address == "auto":
+        return
+    hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise EngineUnavailable(
+            f"--address {address}: expected auto, HOST:PORT or ray://HOST:PORT (e.g. "
+            "--address head:6379, --address ray://head:10001)"
+        )
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_SECONDS):
+            return
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise EngineUnavailable(f"--address {address}: {_NO_CLUSTER}; {reason}") from exc
+
+
+def _get(refs: list[Any], stage: Callable[..., Any]) -> list[Any]:
+    """``ray.get`` with the failures of a task as the project's errors (module docstring of
+    :mod:`analyzer.engine`)."""
+    try:
+        results = list(ray.get(refs))
+    except ray.exceptions.RayError as exc:  # Ray's own failure: the others are cancelled
+        for ref in refs:
+            with contextlib.suppress(ray.exceptions.RayError, ValueError, TypeError):
+                ray.cancel(ref)
+        raise _as_project_error(exc, stage) from exc
+    for result in results:
+        if isinstance(result, _Failed):
+            raise result.error
+    return results
+
+
+def _as_project_error(exc: BaseException, stage: Callable[..., Any]) -> AiscopeError:
+    """A failed task as the error the caller gets (module docstring of :mod:`analyzer.engine`)."""
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = exc.cause
+        if isinstance(cause, AiscopeError):  # run_stage's EngineError, or the stage's own
+            return cause
+        return EngineError(f"engine ray: {stage_name(stage)} failed: {_last(cause)}")
+    # a worker died (the OOM killer), an object was lost, the cluster went away
+    return EngineError(f"engine ray: {stage_name(stage)}: {type(exc).__name__}: {_last(exc)}")
+
+
+def _last(exc: BaseException | None) -> str:
+    """The last non-empty line of an error (Ray's messages carry tracebacks and banners)."""
+    if exc is None:
+        return "(no cause)"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else describe(exc)

@@ -1,0 +1,232 @@
+"""The three engines (serial, a process pool, Ray core tasks on a real cluster) run the same stage
+functions to the same results, and fail the same way (issue #25)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from analyzer.engine import (
+    Engine,
+    EngineError,
+    EngineUnavailable,
+    PoolEngine,
+    SerialEngine,
+    make_engine,
+    stable_partition,
+)
+from store.errors import BadInput
+from tests import enginestages as stages
+from tests.conftest import REPO, require_tool
+from tests.raycluster import RayCluster
+
+ITEMS = list(range(12))
+SHARED = {"factor": 3, "payload": b"\x01" * (2 << 20)}  # 2 MiB: put once, read by every task
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[PoolEngine]:
+    engine = PoolEngine(2)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def ray_engine(ray_cluster: RayCluster) -> Iterator[Engine]:
+    """This process connected to the session's cluster as a user is: ``address="auto"`` with the
+    cluster's token in the environment (only while connecting: Ray keeps what it read)."""
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in ray_cluster.env().items():
+            env.setenv(name, value)
+        env.delenv("RAY_ADDRESS", raising=False)
+        engine = make_engine("ray", "auto")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(params=["serial", "pool", "ray"])
+def engine(request: pytest.FixtureRequest) -> Engine:
+    if request.param == "serial":
+        return SerialEngine()
+    return request.getfixturevalue("pool" if request.param == "pool" else "ray_engine")
+
+
+def _expected_shuffle() -> list[tuple[object, list[object]]]:
+    """The grouping written out by hand: keys in order of first appearance across the items, each
+    key's values in item order and, within an item, in the order the mapper gave them."""
+    grouped: dict[object, list[object]] = {}
+    for item in ITEMS:
+        for key, value in stages.spans(item, SHARED):
+            grouped.setdefault(key, []).append(value)
+    return [(key, [3, key, *values]) for key, values in grouped.items()]
+
+
+def test_map_keeps_the_items_order_and_reads_the_broadcast(engine: Engine) -> None:
+    shared = engine.broadcast(SHARED)
+    results = engine.map(stages.scaled, ITEMS, shared)
+    assert results == [(item * 3, 2 << 20) for item in ITEMS]
+    assert engine.map(stages.scaled, [], shared) == []
+
+
+def test_shuffle_groups_in_the_serial_engines_order(engine: Engine) -> None:
+    shared = engine.broadcast(SHARED)
+    reduced = engine.shuffle_reduce(stages.spans, ITEMS, stages.collect, shared)
+    assert list(reduced.items()) == _expected_shuffle()
+    # The keys really do spread over both of a 2-worker engine's reducers.
+    assert {stable_partition(key, 2) for key in reduced} == {0, 1}
+    assert engine.shuffle_reduce(stages.spans, [], stages.collect, shared) == {}
+
+
+def test_a_bug_in_a_stage_is_one_line_naming_the_stage(engine: Engine) -> None:
+    shared = engine.broadcast(None)
+    if engine.name == "serial":  # in this process: the exception itself, with its traceback
+        with pytest.raises(ValueError, match="bad item 3"):
+            engine.map(stages.explode, ITEMS, shared)
+        return
+    with pytest.raises(EngineError) as raised:
+        engine.map(stages.explode, ITEMS, shared)
+    message = str(raised.value)
+    assert message.startswith(f"engine {engine.name}: tests.enginestages.explode failed: ")
+    assert "ValueError: bad item 3 second line (enginestages.py:" in message
+    assert "\n" not in message
+
+
+def test_a_bug_in_a_reducer_names_the_reducer(engine: Engine) -> None:
+    shared = engine.broadcast(SHARED)
+    if engine.name == "serial":
+        with pytest.raises(KeyError):
+            engine.shuffle_reduce(stages.spans, ITEMS, stages.explode_reducer, shared)
+        return
+    with pytest.raises(EngineError, match=r"explode_reducer failed: KeyError: 'idle'"):
+        engine.shuffle_reduce(stages.spans, ITEMS, stages.explode_reducer, shared)
+
+
+def test_a_stages_own_error_reaches_the_caller_as_itself(engine: Engine) -> None:
+    """A corrupt store stops the analysis with the same line and exit code on every engine."""
+    shared = engine.broadcast(None)
+    with pytest.raises(BadInput, match=r"^--store node-\d+\.duckdb: not an aiscope store$"):
+        engine.map(stages.refuse, ITEMS, shared)
+
+
+def test_a_worker_that_dies_is_one_line() -> None:
+    """The pool's worker killed mid-task (a fresh pool: a dead worker breaks the whole pool)."""
+    engine = PoolEngine(2)
+    try:
+        with pytest.raises(EngineError, match=r"^engine pool: a worker process died"):
+            engine.map(stages.die, ITEMS, engine.broadcast(None))
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_a_ray_worker_that_dies_is_one_line(ray_engine: Engine) -> None:
+    """Ray retries a task whose worker died (three times), then gives up: one line, and the
+    engine still runs the next stage."""
+    with pytest.raises(EngineError) as raised:
+        ray_engine.map(stages.die, ITEMS, ray_engine.broadcast(None))
+    message = str(raised.value)
+    assert message.startswith("engine ray: tests.enginestages.die: WorkerCrashedError: ")
+    assert "\n" not in message
+    assert ray_engine.map(stages.scaled, [2], ray_engine.broadcast(SHARED)) == [(6, 2 << 20)]
+
+
+def test_ray_uses_the_clusters_cpus(ray_engine: Engine) -> None:
+    assert ray_engine.name == "ray" and ray_engine.workers == 2  # --num-cpus=2
+
+
+# -- what a user without Ray, or with a wrong address, is told --------------------------------
+
+
+def test_without_ray_the_user_is_told_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if it were absent
+    monkeypatch.delitem(sys.modules, "analyzer.rayengine", raising=False)
+    with pytest.raises(EngineUnavailable) as raised:
+        make_engine("ray", "auto")
+    assert str(raised.value) == "--engine ray: Ray is not installed; pip install 'aiscope[ray]'"
+    assert raised.value.exit_code == 2
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_address_with_no_cluster_is_one_line() -> None:
+    require_tool("ray")  # the check runs in Ray's own client code
+    address = f"127.0.0.1:{_closed_port()}"
+    with pytest.raises(EngineUnavailable) as raised:
+        make_engine("ray", address)
+    message = str(raised.value)
+    assert message.startswith(f"--address {address}: no Ray cluster there (start one with `ray")
+    assert "\n" not in message and raised.value.exit_code == 2
+    with pytest.raises(EngineUnavailable, match=r"^--address head-node: expected auto, HOST:PORT"):
+        make_engine("ray", "head-node")
+
+
+@pytest.mark.slow
+def test_a_client_without_the_clusters_token_is_refused(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """Token authentication is on: the right address with a wrong token is refused, in one line."""
+    wrong = tmp_path / "token"
+    wrong.write_text("0" * 64)
+    env = {
+        **os.environ,
+        **ray_cluster.env(),
+        "RAY_AUTH_TOKEN_PATH": str(wrong),
+        "RAY_gcs_server_port_wait_time_s": "2",  # give up after two tries, not twenty
+        "PYTHONPATH": str(REPO),
+    }
+    env.pop("RAY_ADDRESS", None)
+    script = (
+        "from analyzer.engine import make_engine\n"
+        "from store.errors import AiscopeError\n"
+        "try:\n    make_engine('ray', 'auto')\n"
+        "except AiscopeError as e:\n    print(e)\n    raise SystemExit(e.exit_code)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr[-2000:]
+    assert run.stdout.startswith("--address auto: the Ray cluster there refused this client's")
+    assert run.stdout.count("\n") == 1
+
+
+# -- the staged analysis on the real cluster ---------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("analyzer.stages") is None,
+    reason="the staged analysis (--engine on the CLI, issue #25) is not on this branch yet",
+)
+def test_aiscope_analyze_on_ray_prints_the_serial_document(
+    ray_cluster: RayCluster, training_multinode_store: Path
+) -> None:
+    """``aiscope analyze --engine ray --address auto``, as a user runs it on a head node, prints
+    byte for byte what ``--engine serial`` prints, on a scenario whose training job spans nodes
+    (its lockstep is found across batches, through the shuffle)."""
+    from tests.conftest import run_aiscope
+
+    docs = []
+    for engine in (["--engine", "serial"], ["--engine", "ray", "--address", "auto"]):
+        store = str(training_multinode_store)
+        result = run_aiscope(
+            "analyze", "--store", store, *engine, env=ray_cluster.env(), timeout=300
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        docs.append(result.stdout)
+    assert '"gpus"' in docs[0] and docs[0] == docs[1]
