@@ -23,6 +23,7 @@ from aiscope.cli.common import (
     config_beside,
     default_stores,
     progress,
+    reader_config,
     with_prometheus_options,
 )
 from aiscope.cli.plan import attach_plan
@@ -63,7 +64,7 @@ def analyze_command(
     if output_format not in ("json", "text"):
         raise BadInput(f"--format: expected json or text, got {output_format!r}")
     source = prometheus_options.source(store)
-    config = config if source is not None else config_beside(config, store)
+    config = reader_config(config, source, store)
     doc = analysis_document(store, since, wait, config, source, until)
     if output_format == "json":  # the contract: UTC whatever --tz says
         typer.echo(json.dumps(doc, indent=2))
@@ -116,7 +117,7 @@ def report_command(
     for target in out or []:
         check_out(target)  # before the analysis, which can take a while
         _check_out_writable(target)  # and before any file: not one written, one refused
-    config = config if source is not None else config_beside(config, store)
+    config = reader_config(config, source, store)
     doc = analysis_document(store, since, wait, config, source, until)
     if source is None:
         attach_plan(doc, store, wait, config, until)
