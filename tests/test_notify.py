@@ -180,7 +180,7 @@ def test_weekly_mail_webhook_and_owner_notices_once(
     assert "Attached: gpus.csv (one row per GPU), findings.csv (one row per finding)." in page
     assert "JSON" not in page
     assert files["findings.csv"].startswith("kind,node,gpu,uuid,start,end,gpu_hours_lost,")
-    assert len(files["gpus.csv"].splitlines()) == 1 + 32  # the demo's 32 GPUs
+    assert len(files["gpus.csv"].splitlines()) == 1 + 36  # the demo's 36 GPUs
     # the owner of the job that holds a GPU with no compute hears about it, by name
     user = query(store, "SELECT user FROM processes WHERE slurm_job_id = '41009' LIMIT 1")[0][0]
     notices = {meta["to"][0]: m for meta, m in got if meta["to"] != ["gpu-platform@example.org"]}

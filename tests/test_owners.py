@@ -446,16 +446,18 @@ def test_the_demo_prices_its_teams_and_adds_up(tmp_path: Path) -> None:
         "llm": "team",
         "search": "team",
         "research": "team",
+        "support": "team",
         "bob": "user",
         UNOWNED: "team",
     }
     assert owners["llm"]["members"] == ["account:llm", "namespace:chat-prod"]
+    assert owners["support"]["members"] == ["namespace:support-prod"]
     assert owners["search"]["members"] == ["namespace:search-prod", "user:carol"]
     assert owners["llm"]["starved_gpu_hours"] > 0  # the starved pre-training and fine-tune
     assert owners["bob"]["idle_held_gpu_hours"] > 20  # his kernel held a GPU all day
     assert sum(o["cost"] for o in doc["owners"]) == pytest.approx(doc["bill"]["cost"], abs=0.03)
-    # 24 H100 at 4.00 and 8 A100 at 2.20 for a day, and the energy at 0.12 per kWh
-    gpu_cost = (24 * 4.0 + 8 * 2.2) * 24
+    # 28 H100 at 4.00 and 8 A100 at 2.20 for a day, and the energy at 0.12 per kWh
+    gpu_cost = (28 * 4.0 + 8 * 2.2) * 24
     assert doc["bill"]["gpu_cost"] == pytest.approx(gpu_cost, rel=0.01)
     assert doc["bill"]["cost"] == pytest.approx(gpu_cost + doc["bill"]["energy_kwh"] * 0.12, 0.01)
 

@@ -4,6 +4,7 @@ rendered in a real headless Chromium (no console errors, no outside requests, a 
 from __future__ import annotations
 
 import copy
+import html
 import io
 import json
 import os
@@ -265,7 +266,7 @@ def test_demo_writes_the_three_files(tmp_path: Path) -> None:
         assert (out / name).stat().st_size > 1000
     assert f"open {(out / 'report.html').resolve()}" in result.stdout
     doc = json.loads((out / "analysis.json").read_text())
-    assert len(doc["gpus"]) == 32
+    assert len(doc["gpus"]) == 36
     kinds = {f["kind"] for f in doc["findings"]}
     assert kinds == {"starved", "noisy_neighbor", "idle_held"}
     assert {"reservation", "split", "power", "platform"} <= {
@@ -281,6 +282,34 @@ def test_demo_writes_the_three_files(tmp_path: Path) -> None:
     assert doc["bill"]["cost"] and {o["owner"] for o in doc["owners"]} >= {"llm", "search"}
     assert (out / "aiscope.toml").read_text() == DEMO_CONFIG.read_text()
     assert not [r for r in doc["recommendations"] if "41006" in r.get("pool", "")]
+    # issue 24: the support assistant's four lightly used replicas fit on fewer GPUs
+    packed = [r for r in doc["recommendations"] if r["kind"] == "consolidate"]
+    assert packed and packed[0]["gpus_freed_count"] >= 1, packed
+    assert {f"gpu-node-05/{i}" for i in range(4)} <= set(packed[0]["candidates"])
+    _shows_the_product(doc, out)
+
+
+def _shows_the_product(doc: dict, out: Path) -> None:
+    """Every view of the demo's week (the terminal's text, Markdown, HTML and the JSON) shows a
+    capacity outlook, a consolidation, the owners and the money (issue 24)."""
+    from report.content import money
+
+    text = io.StringIO()
+    render_text(doc, file=text, width=400)
+    views = {
+        "text": text.getvalue(),
+        "md": (out / "report.md").read_text(),
+        "html": html.unescape((out / "report.html").read_text()),
+        "json": (out / "analysis.json").read_text(),
+    }
+    packed = next(r for r in doc["recommendations"] if r["kind"] == "consolidate")
+    total = money(doc["bill"]["cost"], doc)
+    for name, view in views.items():
+        flat = " ".join(view.split())
+        assert "Capacity outlook" in view or ('"plan"' in view and name == "json"), name
+        assert packed["summary"] in flat, name
+        assert all(o["owner"] in view for o in doc["owners"]), name
+        assert total in flat or (name == "json" and str(doc["bill"]["cost"]) in view), name
 
 
 # --- What the charts and tables say, number by number -------------------------------------------

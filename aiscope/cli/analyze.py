@@ -27,6 +27,7 @@ from aiscope.cli.common import (
     default_stores,
     engine_for,
     progress,
+    reader_config,
     with_prometheus_options,
 )
 from aiscope.cli.plan import attach_plan
@@ -72,7 +73,7 @@ def analyze_command(
     if output_format not in ("json", "text"):
         raise BadInput(f"--format: expected json or text, got {output_format!r}")
     source = prometheus_options.source(store)
-    config = config if source is not None else config_beside(config, store)
+    config = reader_config(config, source, store)
     with engine_for(engine, address, workers) as running:
         doc = analysis_document(store, since, wait, config, source, until, running)
     if output_format == "json":  # the contract: UTC whatever --tz says
@@ -131,7 +132,7 @@ def report_command(
     for target in out or []:
         check_out(target)  # before the analysis, which can take a while
         _check_out_writable(target)  # and before any file: not one written, one refused
-    config = config if source is not None else config_beside(config, store)
+    config = reader_config(config, source, store)
     with engine_for(engine, address, workers) as running:
         doc = analysis_document(store, since, wait, config, source, until, running)
         if source is None:

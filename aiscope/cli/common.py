@@ -333,6 +333,13 @@ def config_beside(config: Path | None, stores: list[str] | None) -> Path | None:
     return None
 
 
+def reader_config(config: Path | None, source: Any, stores: list[str] | None) -> Path | None:
+    """The config a reader of ``stores`` uses: ``--config``, else (reading stores) the one
+    :func:`config_beside` finds. A ``--prometheus`` ``source`` has no store to sit beside, so
+    only ``--config`` counts there."""
+    return config if source is not None else config_beside(config, stores)
+
+
 def check_config(config: Path | None) -> None:
     """Every table of a ``--config`` file, checked before any store is read by whichever command
     reads it: the file is shared (analyze, report, job, plan, notify, demo, the agent), so a

@@ -88,7 +88,7 @@ def demo_command(
         ),
     ] = None,
 ) -> None:
-    """Simulate a week of a mixed 4-node, 32-GPU cluster on virtual hardware, analyze it, and
+    """Simulate a week of a mixed 5-node, 36-GPU cluster on virtual hardware, analyze it, and
     write report.html, report.md and analysis.json.
 
     Needs no GPU and no network. The store (demo.duckdb) stays in DIR for `aiscope analyze`,
@@ -130,7 +130,8 @@ def demo_command(
     # the report's coverage section, not as log lines here.
     for name in ("agent", "store"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    with progress("simulating a week of 32 GPUs") as update:
+    gpus = sum(node.gpus for node in scenario.nodes)
+    with progress(f"simulating a week of {gpus} GPUs") as update:
         # The weeks before, sampled coarser: the history the capacity outlook forecasts from
         # (issue 24: `plan` on the demo said "not enough data" for every pool).
         for weeks in range(HISTORY_WEEKS, 0, -1):
@@ -144,7 +145,7 @@ def demo_command(
     with progress("analyzing") as update:
         doc = analyze([str(store)], "7d", thresholds=thresholds, accounting=accounting)
         update(1.0)
-    _attach_outlook(doc, store, thresholds)
+    _attach_outlook(doc, store, thresholds, config)
     for name in ("report.html", "report.md", "analysis.json"):
         write(doc, out / name)
     # Beside the store, where analyze, report, job, plan and notify look without --config.
@@ -165,15 +166,22 @@ def demo_command(
     typer.echo(f"open {(out / 'report.html').resolve()}  ({time.monotonic() - started:.0f} s)")
 
 
-def _attach_outlook(doc: dict[str, Any], store: Path, thresholds: Any) -> None:
-    """The capacity plan of the demo's three weeks, from the classes the analysis gave, for the
-    report's capacity outlook (as ``aiscope report`` attaches it)."""
-    from analyzer.plan import plan  # noqa: PLC0415
+def _attach_outlook(doc: dict[str, Any], store: Path, thresholds: Any, config: Path) -> None:
+    """The capacity plan of the demo's three weeks, from the classes and findings the analysis
+    gave, for the report's capacity outlook (as ``aiscope report`` attaches it: with the
+    findings, the outlook says how much of the waiting is scale-out, as ``plan`` does)."""
+    from analyzer.plan import plan, site_from_file  # noqa: PLC0415
     from report.outlook import has_outlook  # noqa: PLC0415
 
     with progress("planning") as update:
         classes = {g["uuid"]: g["class"] for g in doc["gpus"]}
-        result = plan([str(store)], thresholds=thresholds, classes=classes)
+        result = plan(
+            [str(store)],
+            thresholds=thresholds,
+            site=site_from_file(config),
+            classes=classes,
+            findings=doc["findings"],
+        )
         update(1.0)
     if has_outlook(result):
         doc["plan"] = result

@@ -19,10 +19,10 @@ from aiscope.cli.common import (
     WorkersOption,
     check_config,
     check_stores,
-    config_beside,
     default_stores,
     engine_for,
     progress,
+    reader_config,
     with_prometheus_options,
 )
 from store.errors import AiscopeError, BadInput
@@ -154,7 +154,7 @@ def _plan_document(
     if source is not None and (until or (since and looks_like_time(since))):
         raise BadInput("--until and --since TIME read stores; with --prometheus give --since 90d")
     check_stores(store)
-    config = config if source is not None else config_beside(config, store)
+    config = reader_config(config, source, store)
     check_config(config)
     thresholds, site = from_file(config), site_from_file(config)
     if source is not None:

@@ -97,7 +97,7 @@ class ConsolidateStrategy:
                 for v in inputs.verdicts
                 if v.gpu_class in ("inference", "interactive") and v.info.parent_uuid is None
             )
-            if n is not None
+            if n is not None and not _whole_device(n)
         ]
         if not needs and repartitions:
             return repartitions
@@ -253,6 +253,14 @@ class ConsolidateStrategy:
                 ("unknown_need", [f"{n.gpu.node}/{n.gpu.gpu_index}" for n in unknown]),
             ),
         )
+
+
+def _whole_device(need: Need) -> bool:
+    """Whether the need takes every compute slice of the device: such a GPU does not use a
+    fraction of it, and packing it frees nothing. (Counted as a candidate, the demo's GPU held
+    idle by a kernel, 38.5 GB over a 4g.40gb slice, was "packed" as a 7g.80gb among the
+    lightly used GPUs beside its idle-held finding.)"""
+    return need.profile is not None and int(need.profile["slices"]) >= 7
 
 
 @dataclass(frozen=True, slots=True)
