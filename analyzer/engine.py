@@ -77,6 +77,8 @@ class Shared(Generic[S]):
 
 class Engine(Protocol):
     name: str
+    #: A plan with fewer nodes runs its stages in process instead (0: always on the engine).
+    min_nodes: int
 
     @property
     def workers(self) -> int:
@@ -142,6 +144,7 @@ class SerialEngine:
     """Every task in this process, in order."""
 
     name = "serial"
+    min_nodes = 0
 
     @property
     def workers(self) -> int:
@@ -191,8 +194,13 @@ class PoolEngine:
 
     name = "pool"
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(self, workers: int | None = None, min_nodes: int = 0) -> None:
         self._workers = max(1, workers or os.cpu_count() or 1)
+        #: Fewer nodes than this run in process: starting the workers and importing the
+        #: analyzer in each costs more than the pool saves on a small fleet (the default
+        #: engine's threshold, :data:`POOL_DEFAULT_MIN_NODES`; 0 when ``--engine pool`` is
+        #: asked for).
+        self.min_nodes = min_nodes
         context = multiprocessing.get_context("forkserver")
         self._pool = concurrent.futures.ProcessPoolExecutor(self._workers, mp_context=context)
 
@@ -242,12 +250,20 @@ class PoolEngine:
             raise EngineError(f"engine pool: a worker process died ({e})") from e
 
 
-def make_engine(name: str, address: str | None = None, workers: int | None = None) -> Engine:
-    """The engine ``--engine NAME`` asks for (``address`` only for Ray)."""
+#: The default engine (no ``--engine``) is the pool from this many nodes (256 GPUs of 8) and
+#: runs in process below: measured in ``bench/fleet.py`` (README, "Past one machine").
+POOL_DEFAULT_MIN_NODES = 32
+
+
+def make_engine(
+    name: str, address: str | None = None, workers: int | None = None, *, default: bool = False
+) -> Engine:
+    """The engine ``--engine NAME`` asks for (``address`` only for Ray); ``default``: chosen
+    without ``--engine``, so a small fleet runs in process (:data:`POOL_DEFAULT_MIN_NODES`)."""
     if name == "serial":
         return SerialEngine()
     if name == "pool":
-        return PoolEngine(workers)
+        return PoolEngine(workers, POOL_DEFAULT_MIN_NODES if default else 0)
     if name == "ray":
         try:
             from analyzer.rayengine import RayEngine  # noqa: PLC0415  (Ray is an optional extra)
@@ -260,5 +276,6 @@ def make_engine(name: str, address: str | None = None, workers: int | None = Non
 
 
 def default_engine_name() -> str:
-    """``pool`` on a machine with more than one core, else ``serial``."""
+    """``pool`` on a machine with more than one core, else ``serial`` (the pool then runs a
+    fleet under :data:`POOL_DEFAULT_MIN_NODES` nodes in process)."""
     return "pool" if (os.cpu_count() or 1) > 1 else "serial"

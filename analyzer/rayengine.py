@@ -159,6 +159,7 @@ class RayEngine:
     ``ray://HOST:PORT``)."""
 
     name = "ray"
+    min_nodes = 0
 
     def __init__(self, address: str = "auto") -> None:
         self.address = address

@@ -134,7 +134,8 @@ def load_and_classify(
     th = thresholds or Thresholds()
     plan = plan_window(paths, since_seconds, timeout, until=until, start_at=start_at)
     runs = batches(plan.nodes, engine.workers, batch_size)
-    if len(runs) == 1 and batch_size is None:  # one batch: here, without a pool to start
+    small = len(plan.nodes) < engine.min_nodes  # the default pool, on a small fleet
+    if (len(runs) == 1 or small) and batch_size is None:  # here, without a pool to start
         engine = SerialEngine()
     loaded = engine.map(load_batch, runs, engine.broadcast(LoadShared(plan, th)))
     data = merge(plan, [x.data for x in loaded])

@@ -417,7 +417,8 @@ EngineOption = Annotated[
     typer.Option(
         "--engine",
         help="Where loading and classifying run: serial (this process), pool (a process per "
-        "core; the default on more than one core) or ray (a Ray cluster: pip install "
+        "core; the default on more than one core, from 32 nodes: smaller fleets run in "
+        "this process) or ray (a Ray cluster: pip install "
         "'aiscope[ray]'), e.g. --engine serial, --engine ray --address auto.",
         rich_help_panel="Engine",
     ),
@@ -455,7 +456,7 @@ def engine_for(name: str | None, address: str | None, workers: int | None) -> It
         raise BadInput(f"--workers: only with --engine pool (the engine is {chosen})")
     if chosen == "ray":
         address = address or os.environ.get("RAY_ADDRESS", "").strip() or "auto"
-    engine = make_engine(chosen, address, workers)
+    engine = make_engine(chosen, address, workers, default=name is None)
     try:
         yield engine
     finally:
