@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -65,6 +66,18 @@ def _reset_nvml() -> Iterator[None]:
     """Each test starts with pynvml's real loader (no virtual driver left behind)."""
     yield
     install_library(None)
+
+
+@pytest.fixture(autouse=True)
+def _restore_signal_handlers() -> Iterator[None]:
+    """An agent run in this process (``aiscope agent run`` through the CLI's entry point)
+    installs its SIGTERM and SIGINT handlers here and leaves them: Ctrl-C and a CI timeout's
+    SIGTERM then only set a stopped agent's event, and the suite runs on. Put them back."""
+    saved = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for number, handler in saved.items():
+        if handler is not None and signal.getsignal(number) is not handler:
+            signal.signal(number, handler)
 
 
 def library(gpus: list[VirtualGpu], clock: FakeClock, **kwargs: object) -> VirtualNvmlLibrary:
