@@ -39,6 +39,7 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -298,51 +299,56 @@ def _losses(
         clock_loss[hit] = np.maximum(1.0 - clock[hit] / job.clock_ref, 0.0)
     lost = 1.0 - (1.0 - wait) * (1.0 - clock_loss)
     measured = ~(np.isnan(share) & np.isnan(util))  # absent is not zero
-    candidates = np.flatnonzero(measured & (lost >= NOISE))
+    c = np.flatnonzero(measured & (lost >= NOISE))
     skip = done.get(m.view.info.uuid, set())
-    fed = np.isin(m.view.class_codes[m.index], _FED_CODES)
+    fed = np.isin(m.view.class_codes[m.index[c]], _FED_CODES).tolist()
+    starts, losts = m.starts[c].tolist(), lost[c].tolist()
+    optional = [_optional(x) for x in (share[c], util[c], m.col("util_min")[c])]
+    clocked = (clock_loss[c] >= wait[c]).tolist()
     out = []
-    for i in candidates.tolist():
-        start = float(m.starts[i])
+    for j, start in enumerate(starts):
         if start in skip:
             continue
-        clocked = bool(clock_loss[i] >= wait[i])
-        x = _loss(ctx, job, m, i, (float(lost[i]), _value(share[i]), clocked), comm_waits)
-        if x is not None and (fed[i] or x.cause in EVIDENCED):
+        w = _Wait(start, losts[j], optional[0][j], optional[1][j], optional[2][j], clocked[j])
+        x = _loss(ctx, job, m, w, comm_waits)
+        if x is not None and (fed[j] or x.cause in EVIDENCED):
             out.append(x)
     return out
 
 
+def _optional(values: Floats) -> list[float | None]:
+    """The values as Python floats, ``None`` for NaN (not reported)."""
+    return [None if math.isnan(x) else x for x in values.tolist()]
+
+
+class _Wait(NamedTuple):
+    """One bucket's waiting, measured (``None``: not reported)."""
+
+    start: float
+    lost: float
+    share: float | None
+    util: float | None
+    util_min: float | None
+    clocked: bool  # the clock loss is the larger part
+
+
 def _loss(
-    ctx: Context,
-    job: _Job,
-    m: _Member,
-    i: int,
-    measure: tuple[float, float | None, bool],
-    comm_waits: Counter[float],
+    ctx: Context, job: _Job, m: _Member, w: _Wait, comm_waits: Counter[float]
 ) -> _Loss | None:
-    """The cause of bucket ``i``'s waiting, from ``measure``: the share ``lost``, the power
-    share, and whether the clock loss is the larger part; and the share left after a
-    collective's normal spread."""
+    """The cause of a bucket's waiting, and the share left after a collective's normal
+    spread."""
     th = ctx.thresholds
-    lost, share, clocked = measure
-    start = float(m.starts[i])
-    util = _value(m.col("util")[i])
-    if clocked:
+    lost, util = w.lost, w.util
+    if w.clocked:
         cause = "throttled"
     elif util is not None and util >= th.collective_util_ratio:
-        cause = "network" if _ib_surge(ctx, m.view.info.node, start) else "communication"
+        cause = "network" if _ib_surge(ctx, m.view.info.node, w.start) else "communication"
         lost = max(lost - th.collective_allowance_ratio, 0.0)  # normal rank-to-rank spread
         if lost < NOISE:
             return None
     else:
-        util_min = _value(m.col("util_min")[i])
-        cause = _input_cause(ctx, job, m, start, util_min, comm_waits)
-    return _Loss(start, lost, cause, util, share)
-
-
-def _value(x: np.float64) -> float | None:
-    return None if math.isnan(x) else float(x)
+        cause = _input_cause(ctx, job, m, w.start, w.util_min, comm_waits)
+    return _Loss(w.start, lost, cause, util, w.share)
 
 
 def _input_cause(
