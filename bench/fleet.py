@@ -50,6 +50,7 @@ measured in the same run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -281,6 +282,8 @@ def analyze(stores: Path, engine: str, extra: list[str], ray: RayHead | None = N
     if done.returncode:
         if "No such option" in err:
             raise Skipped(f"aiscope analyze has no {extra[0]} here")
+        if done.returncode == 2:  # the CLI's one-line refusal (an engine not installed...)
+            raise Skipped(err.strip().splitlines()[-1] if err.strip() else "exit 2")
         raise SystemExit(f"aiscope analyze {' '.join(extra)} failed on {stores}: {err[-2000:]}")
     line = next(x for x in reversed(err.splitlines()) if x.startswith("BENCH-RUSAGE"))
     own_kib, kids_kib, cpu = line.split()[1:]
@@ -385,6 +388,8 @@ def ray_head(cpus: int = 2) -> Iterator[RayHead]:
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     if ray is None:
         raise Skipped("Ray is not installed (pip install 'aiscope[ray]')")
+    if importlib.util.find_spec("analyzer.rayengine") is None:
+        raise Skipped("this checkout has no analyzer.rayengine")
     temp = tempfile.mkdtemp(prefix="aiscope-bench-ray-")
     command = [ray, "start", "--head", "--port=0", f"--num-cpus={cpus}"]
     command += ["--object-store-memory=500000000", "--include-dashboard=false"]
