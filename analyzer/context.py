@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import operator
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -53,8 +54,7 @@ IDLE_CODE = CLASS_CODES.index("idle")
 
 def column(buckets: Sequence[Bucket], name: str) -> Floats:
     """One field of ``buckets`` as a float array, NaN where it was not reported (``None``)."""
-    i = Bucket._fields.index(name)
-    return np.array([b[i] for b in buckets], dtype=np.float64)
+    return np.array(list(map(operator.itemgetter(Bucket._fields.index(name)), buckets)), float)
 
 
 def class_codes(verdict: GpuVerdict | None, starts: Floats) -> Ints:
@@ -130,6 +130,9 @@ class GpuView:
         """The tenant holding the most memory at ``t``; in an interval without process samples
         (a process log taken less often than the GPU log), the last one seen within
         ``CARRY_SECONDS`` before it, so one job is not cut into two."""
+        known = self._main_by_start.get(t, _UNKNOWN)
+        if known is not _UNKNOWN:  # a bucket's start, answered for all buckets at once
+            return None if known is None else str(known)
         present = self.tenants.get(t, ())
         if not present:
             times = self.tenant_times
@@ -209,11 +212,22 @@ class GpuView:
     @functools.cached_property
     def main_tenants(self) -> tuple[str | None, ...]:
         """:meth:`main_tenant` of each bucket."""
-        mains = [
-            max(self.tenants[t], key=lambda x: ((x.memory_bytes or 0.0), x.tenant)).tenant
-            for t in self.tenant_times
-        ]
+        mains = [_main(self.tenants[t]) for t in self.tenant_times]
         return tuple(mains[k] if k >= 0 else None for k in self.tenant_index.tolist())
+
+    @functools.cached_property
+    def _main_by_start(self) -> dict[float, object]:
+        return dict(zip(self.starts.tolist(), self.main_tenants, strict=True))
+
+
+_UNKNOWN = object()
+
+
+def _main(present: tuple[TenantBucket, ...]) -> str:
+    """The tenant holding the most memory (ties: the last name)."""
+    if len(present) == 1:
+        return present[0].tenant
+    return max(present, key=lambda x: ((x.memory_bytes or 0.0), x.tenant)).tenant
 
 
 @dataclass(frozen=True, slots=True)

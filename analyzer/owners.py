@@ -391,7 +391,12 @@ def _charges(ledger: _Ledger, view: GpuView) -> _Charges:
     owners: dict[tuple[str, str, str | None], int] = {}
     tenants: dict[str, int] = {}
     entries: list[list[tuple[int, int, float, int]]] = []  # per holders' time
+    alone: dict[str, list[tuple[int, int, float, int]]] = {}  # a lone holder's (most times)
     for t in view.tenant_times:
+        present = view.tenants[t]
+        if len(present) == 1 and present[0].tenant in alone:
+            entries.append(alone[present[0].tenant])
+            continue
         entries.append(
             [
                 (
@@ -400,9 +405,11 @@ def _charges(ledger: _Ledger, view: GpuView) -> _Charges:
                     share,
                     BASES.index(basis),
                 )
-                for name, share, basis in split(view.tenants[t])
+                for name, share, basis in split(present)
             ]
         )
+        if len(present) == 1:
+            alone[present[0].tenant] = entries[-1]
     unowned = owners.setdefault((UNOWNED, "unowned", None), len(owners))
     unattributed = owners.setdefault((UNATTRIBUTED, "unattributed", None), len(owners))
     free = view.compute_free_mask(th)

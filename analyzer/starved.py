@@ -299,19 +299,28 @@ def _losses(
         clock_loss[hit] = np.maximum(1.0 - clock[hit] / job.clock_ref, 0.0)
     lost = 1.0 - (1.0 - wait) * (1.0 - clock_loss)
     measured = ~(np.isnan(share) & np.isnan(util))  # absent is not zero
-    c = np.flatnonzero(measured & (lost >= NOISE))
+    # What _loss decides without the host's or the cgroup's evidence, decided here for all
+    # buckets: a wait within a collective's normal spread, or one with a cause that needs a
+    # fed class on a GPU of another class, is no loss.
+    clocked = clock_loss >= wait
+    with np.errstate(invalid="ignore"):
+        collective = ~clocked & (util >= th.collective_util_ratio)
+    left = np.where(collective, np.maximum(lost - th.collective_allowance_ratio, 0.0), lost)
+    fed = np.isin(m.view.class_codes[m.index], _FED_CODES)
+    keep = measured & (lost >= NOISE) & (left >= NOISE) & (fed | ~(clocked | collective))
+    c = np.flatnonzero(keep)
     skip = done.get(m.view.info.uuid, set())
-    fed = np.isin(m.view.class_codes[m.index[c]], _FED_CODES).tolist()
     starts, losts = m.starts[c].tolist(), lost[c].tolist()
     optional = [_optional(x) for x in (share[c], util[c], m.col("util_min")[c])]
-    clocked = (clock_loss[c] >= wait[c]).tolist()
+    clocked_c = clocked[c].tolist()
+    fed_c = fed[c].tolist()
     out = []
     for j, start in enumerate(starts):
         if start in skip:
             continue
-        w = _Wait(start, losts[j], optional[0][j], optional[1][j], optional[2][j], clocked[j])
+        w = _Wait(start, losts[j], optional[0][j], optional[1][j], optional[2][j], clocked_c[j])
         x = _loss(ctx, job, m, w, comm_waits)
-        if x is not None and (fed[j] or x.cause in EVIDENCED):
+        if x is not None and (fed_c[j] or x.cause in EVIDENCED):
             out.append(x)
     return out
 

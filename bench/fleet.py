@@ -313,7 +313,7 @@ def _census(out: Path) -> dict[str, int]:
 
 def engines_available() -> bool:
     """Whether ``aiscope analyze`` takes ``--engine`` (issue #25's flag)."""
-    exe = [sys.executable, "-m", "aiscope.cli", "analyze", "--help"]
+    exe = [sys.executable, "-m", "aiscope", "analyze", "--help"]
     env = {**os.environ, "PYTHONPATH": _pythonpath(), "COLUMNS": "200"}
     shown = subprocess.run(exe, capture_output=True, check=False, env=env).stdout.decode()
     return "--engine" in shown

@@ -111,8 +111,22 @@ def test_main_tenants_follow_main_tenant_with_carry(
     }
     bs = tuple(Bucket(i * STEP, 1, 1, *([None] * 8)) for i in range(n))
     view = GpuView(INFO, bs, present, None, PowerRef(None, "none", 0.0, None))
-    assert list(view.main_tenants) == [view.main_tenant(b.start) for b in bs]
+    want = [_main_tenant(present, b.start) for b in bs]
+    assert list(view.main_tenants) == want
+    assert [view.main_tenant(b.start) for b in bs] == want
     assert CARRY_SECONDS == 3 * STEP  # the gaps drawn cross the carry's edge
+
+
+def _main_tenant(present: dict[float, tuple[TenantBucket, ...]], t: float) -> str | None:
+    """The definition, bucket by bucket: the most memory at ``t``, else at the last process
+    sample within ``CARRY_SECONDS`` before it."""
+    here = present.get(t)
+    if not here:
+        earlier = [s for s in present if s < t and t - s <= CARRY_SECONDS]
+        if not earlier:
+            return None
+        here = present[max(earlier)]
+    return max(here, key=lambda x: (x.memory_bytes or 0.0, x.tenant)).tenant
 
 
 @given(st.floats(-1e6, 1e6), st.lists(st.floats(-1e6, 1e6), max_size=60))
