@@ -522,7 +522,7 @@ def measure(stores: Path, engines: tuple[str, ...], workers: int | None) -> list
         try:
             if engine == "ray":
                 with ray_head() as head:
-                    flags = ["--engine", "ray", "--address", head.address, *more]
+                    flags = ["--engine", "ray", "--address", head.address]  # its 2 CPUs
                     out.append(analyze(stores, engine, flags, head))
             else:
                 flags = ["--engine", engine, *(more if engine == "pool" else [])]
@@ -568,12 +568,12 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/aiscope-fleet"))
     parser.add_argument("--mix", nargs="+", default=["default"], choices=sorted(MIXES))
     parser.add_argument("--engine", nargs="+", choices=ENGINES, help="default: all three")
-    parser.add_argument("--workers", type=int, help="--workers for pool and Ray")
+    parser.add_argument("--workers", type=int, help="the pool's --workers (default: the CLI's)")
     parser.add_argument("--no-pandas", action="store_true", help="skip the pandas baseline")
     parser.add_argument(
         "--scale-out",
         action="store_true",
-        help="Ray only, 60 s samples, 16,384 GPUs unless --gpus says otherwise "
+        help="Ray only, 60 s samples, 16,384 GPUs unless --gpus says otherwise, no pandas "
         "(~12 GB of stores under --work)",
     )
     args = parser.parse_args()
@@ -600,7 +600,7 @@ def main() -> None:
                     print(row(size, run, serial), flush=True)
                 else:
                     notes.append(f"{mix}, {gpus:,} GPUs: {run}")
-            if not args.no_pandas:
+            if not (args.no_pandas or args.scale_out):
                 duck, duck_cpu, pandas_s, pandas_cpu, _ = aggregate(stores, args.days)
                 notes.append(
                     f"{mix}, {gpus:,} GPUs: bucket aggregation DuckDB {duck:.2f} s "
