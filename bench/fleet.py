@@ -388,8 +388,6 @@ def ray_head(cpus: int = 2) -> Iterator[RayHead]:
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     if ray is None:
         raise Skipped("Ray is not installed (pip install 'aiscope[ray]')")
-    if importlib.util.find_spec("analyzer.rayengine") is None:
-        raise Skipped("this checkout has no analyzer.rayengine")
     temp = tempfile.mkdtemp(prefix="aiscope-bench-ray-")
     command = [ray, "start", "--head", "--port=0", f"--num-cpus={cpus}"]
     command += ["--object-store-memory=500000000", "--include-dashboard=false"]
@@ -521,6 +519,8 @@ def measure(stores: Path, engines: tuple[str, ...], workers: int | None) -> list
     for engine in engines:
         try:
             if engine == "ray":
+                if importlib.util.find_spec("analyzer.rayengine") is None:
+                    raise Skipped("this checkout has no analyzer.rayengine")
                 with ray_head() as head:
                     flags = ["--engine", "ray", "--address", head.address]  # its 2 CPUs
                     out.append(analyze(stores, engine, flags, head))
