@@ -36,8 +36,9 @@ And the per-GPU 5-minute bucket aggregation the analyzer does (:func:`analyzer.l
 stores (the baseline; pandas only here, a dev dependency).
 
 ``--scale-out`` measures the engines past one machine: 16,384 GPUs x 7 days at 60 s through
-Ray only (about 0.7 MiB of store per GPU-week at 60 s: ~12 GB on disk, and generating it takes
-about an hour of one core; a bench run, not a test).
+Ray only. A bench run, not a test: the stores take 0.53 MiB per GPU-week at 60 s (measured on
+512 GPUs), so ~8.5 GiB under ``--work`` for 16,384 GPUs, and generating them took 91 s per 512
+GPUs on a shared 2-core machine (~50 min for 16,384).
 
 Stores are generated once under ``--work`` (one folder per mix, size, interval and days) and
 reused. The Markdown table it prints is README-ready; ratios are against the serial engine
@@ -574,7 +575,7 @@ def main() -> None:
         "--scale-out",
         action="store_true",
         help="Ray only, 60 s samples, 16,384 GPUs unless --gpus says otherwise, no pandas "
-        "(~12 GB of stores under --work)",
+        "(~8.5 GiB of stores under --work)",
     )
     args = parser.parse_args()
     if args.scale_out:
