@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import bisect
 import functools
+import operator
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from analyzer.classify import GpuVerdict, class_at
+import numpy as np
+import numpy.typing as npt
+
+from analyzer.classify import CLASSES, GpuVerdict, class_at
 from analyzer.load import Bucket, CgroupBucket, FleetData, GpuInfo, HostBucket, TenantBucket
 from analyzer.reference import PowerRef, computed, held, references
 from analyzer.thresholds import Thresholds
@@ -37,6 +42,59 @@ class Finding:
 
     def detail(self, key: str) -> Any:
         return dict(self.details).get(key)
+
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+#: The class codes of :meth:`GpuView.class_codes`: an index into this tuple.
+CLASS_CODES: tuple[str, ...] = tuple(str(c) for c in CLASSES)
+IDLE_CODE = CLASS_CODES.index("idle")
+
+
+def column(buckets: Sequence[Bucket], name: str) -> Floats:
+    """One field of ``buckets`` as a float array, NaN where it was not reported (``None``)."""
+    return np.array(list(map(operator.itemgetter(Bucket._fields.index(name)), buckets)), float)
+
+
+def class_codes(verdict: GpuVerdict | None, starts: Floats) -> Ints:
+    """Each start's class (:func:`analyzer.classify.class_at`) as a code into
+    :data:`CLASS_CODES`: one search over the segments' starts for all buckets, where the
+    detectors used to ask bucket by bucket."""
+    if verdict is None:
+        return np.full(len(starts), IDLE_CODE, dtype=np.int64)
+    names = [str(s.gpu_class) for s in verdict.segments]
+    if verdict.starts is None or any(n not in CLASS_CODES for n in names):
+        return np.array([CLASS_CODES.index(str(class_at(verdict, t))) for t in starts.tolist()])
+    seg_starts = np.array(verdict.starts, dtype=np.float64)
+    seg_ends = np.array([s.end for s in verdict.segments], dtype=np.float64)
+    seg_codes = np.array([CLASS_CODES.index(n) for n in names] + [IDLE_CODE], dtype=np.int64)
+    i = np.searchsorted(seg_starts, starts, side="right") - 1
+    inside = (i >= 0) & (starts < seg_ends[np.maximum(i, 0)] if len(seg_ends) else False)
+    return np.where(inside, seg_codes[i], IDLE_CODE)
+
+
+def running_sum(total: float, values: Floats) -> float:
+    """``total`` plus ``values`` one at a time, in order: the same float as the per-bucket loop
+    it replaces (``np.add.accumulate`` is sequential; ``np.sum`` is pairwise), so figures that
+    round to 0.1 h never move at a rounding edge."""
+    if not len(values):
+        return total
+    return float(np.add.accumulate(np.concatenate(([total], values)))[-1])
+
+
+def first_seen(values: Ints) -> list[int]:
+    """The distinct values in the order they first occur (as a dict's insertion order)."""
+    distinct, first = np.unique(values, return_index=True)
+    return [int(v) for v in distinct[np.argsort(first)]]
+
+
+def add_by(total: dict[str, float], keys: Ints, values: Floats, names: Sequence[str]) -> None:
+    """``total[names[key]] += value`` for each pair in order (:func:`running_sum`), new keys
+    inserted as first seen: the dict a per-bucket loop would have built."""
+    for k in first_seen(keys):
+        name = names[k]
+        total[name] = running_sum(total.get(name, 0.0), values[keys == k])
 
 
 #: How long a process sample stands for its holder when the process log is sparser than the
@@ -72,6 +130,9 @@ class GpuView:
         """The tenant holding the most memory at ``t``; in an interval without process samples
         (a process log taken less often than the GPU log), the last one seen within
         ``CARRY_SECONDS`` before it, so one job is not cut into two."""
+        known = self._main_by_start.get(t, _UNKNOWN)
+        if known is not _UNKNOWN:  # a bucket's start, answered for all buckets at once
+            return None if known is None else str(known)
         present = self.tenants.get(t, ())
         if not present:
             times = self.tenant_times
@@ -84,6 +145,89 @@ class GpuView:
     @functools.cached_property
     def tenant_times(self) -> tuple[float, ...]:
         return tuple(sorted(self.tenants))
+
+    # -- the buckets as columns (issue #25: arrays, not per-bucket objects) ---------------------
+
+    def col(self, name: str) -> Floats:
+        """One field of the buckets (:class:`analyzer.load.Bucket`) as a float array, NaN where
+        not reported; built once per field and GPU, on first use."""
+        known = self._columns.get(name)
+        if known is None:
+            known = self._columns[name] = column(self.buckets, name)
+        return known
+
+    @functools.cached_property
+    def _columns(self) -> dict[str, Floats]:
+        return {}
+
+    @functools.cached_property
+    def starts(self) -> Floats:
+        return self.col("start")
+
+    @functools.cached_property
+    def class_codes(self) -> Ints:
+        """Each bucket's class, as a code into :data:`CLASS_CODES`."""
+        return class_codes(self.verdict, self.starts)
+
+    def held_mask(self, th: Thresholds) -> Mask:
+        """:meth:`held` for every bucket."""
+        memory = self.col("memory_bytes")
+        total = self.ref.memory_total_bytes
+        with np.errstate(invalid="ignore"):
+            if total:
+                return np.asarray(memory / total > th.held_memory_ratio)
+            return np.asarray(memory > th.held_memory_floor_bytes)
+
+    def compute_free_mask(self, th: Thresholds) -> Mask:
+        """:meth:`compute_free` for every bucket: held, and measured to run nothing."""
+        util_max = self.col("util_max")
+        power = self.col("power_watts")
+        ref = self.ref
+        with np.errstate(invalid="ignore"):
+            by_util = util_max <= th.idle_util_ratio
+            if ref.limit_watts and ref.limit_watts > ref.idle_watts:
+                span = ref.limit_watts - ref.idle_watts
+                load = np.minimum(np.maximum((power - ref.idle_watts) / span, 0.0), 1.0)
+                by_power = load <= 2 * th.idle_util_ratio
+            else:
+                by_power = np.zeros(len(power), dtype=np.bool_)
+        free = np.where(np.isnan(util_max), by_power, by_util)
+        return np.asarray(self.held_mask(th) & free)
+
+    @functools.cached_property
+    def tenant_index(self) -> Ints:
+        """For each bucket, the index into :attr:`tenant_times` of the holders that stand for it
+        (:meth:`main_tenant`'s rule: the bucket's own, else the last within ``CARRY_SECONDS``
+        before it), or -1 for none."""
+        times = np.array(self.tenant_times, dtype=np.float64)
+        starts = self.starts
+        if not len(times):
+            return np.full(len(starts), -1, dtype=np.int64)
+        i = np.searchsorted(times, starts, side="left")
+        exact = (i < len(times)) & (times[np.minimum(i, len(times) - 1)] == starts)
+        before = i - 1
+        near = (before >= 0) & (starts - times[np.maximum(before, 0)] <= CARRY_SECONDS)
+        return np.where(exact, i, np.where(near, before, -1))
+
+    @functools.cached_property
+    def main_tenants(self) -> tuple[str | None, ...]:
+        """:meth:`main_tenant` of each bucket."""
+        mains = [_main(self.tenants[t]) for t in self.tenant_times]
+        return tuple(mains[k] if k >= 0 else None for k in self.tenant_index.tolist())
+
+    @functools.cached_property
+    def _main_by_start(self) -> dict[float, object]:
+        return dict(zip(self.starts.tolist(), self.main_tenants, strict=True))
+
+
+_UNKNOWN = object()
+
+
+def _main(present: tuple[TenantBucket, ...]) -> str:
+    """The tenant holding the most memory (ties: the last name)."""
+    if len(present) == 1:
+        return present[0].tenant
+    return max(present, key=lambda x: ((x.memory_bytes or 0.0), x.tenant)).tenant
 
 
 @dataclass(frozen=True, slots=True)

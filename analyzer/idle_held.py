@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from analyzer.context import GIB, Context, Detected, Finding, GpuView, gpu_name, hours
 from analyzer.load import Bucket
 from analyzer.reference import held_bytes
@@ -39,9 +41,8 @@ def detect(ctx: Context, explained: frozenset[tuple[str, float]] = frozenset()) 
     for view in ctx.views.values():
         runs = _runs(ctx, view)
         for r in runs:  # held with no compute is not also starvation
-            mine_explained.update(
-                (view.info.uuid, b.start) for b in view.buckets if r.start <= b.start < r.end
-            )
+            inside = view.starts[(view.starts >= r.start) & (view.starts < r.end)]
+            mine_explained.update((view.info.uuid, t) for t in inside.tolist())
         for holder in sorted({r.holder for r in runs}):
             mine = [r for r in runs if r.holder == holder]
             out.append(_finding(ctx, view, holder, mine))
@@ -107,22 +108,24 @@ def _idle(ctx: Context, view: GpuView, b: Bucket) -> bool:
 
 
 def _runs(ctx: Context, view: GpuView) -> list[_Run]:
+    """Runs of held, compute-free buckets of one holder, consecutive (no bucket between them,
+    and no gap in time): only the compute-free buckets are visited."""
     step = ctx.data.bucket_seconds
     runs: list[_Run] = []
     current: list[Bucket] = []
     holder: str | None = None
-    for b in view.buckets:
-        idle = _idle(ctx, view, b)
-        if not idle and not current:  # most buckets: nothing to extend, nothing to close
-            continue
-        who = holders(view, b.start) if idle else None
-        contiguous = bool(current) and b.start - current[-1].start <= step
-        if idle and (not current or (who == holder and contiguous)):
+    last = -2
+    for i in np.flatnonzero(view.compute_free_mask(ctx.thresholds)).tolist():
+        b = view.buckets[i]
+        who = holders(view, b.start)
+        contiguous = bool(current) and i == last + 1 and b.start - current[-1].start <= step
+        last = i
+        if not current or (who == holder and contiguous):
             current.append(b)
             holder = who
             continue
         _close(ctx, current, holder, runs)
-        current, holder = ([b], who) if idle else ([], None)
+        current, holder = [b], who
     _close(ctx, current, holder, runs)
     return runs
 
@@ -196,11 +199,11 @@ def _finding(
 
 
 def _active_hours_before(ctx: Context, view: GpuView, holder: str, until: float) -> float:
+    with np.errstate(invalid="ignore"):
+        computing = view.col("util_max") > ctx.thresholds.idle_util_ratio
     busy = [
-        b
-        for b in view.buckets
-        if b.start < until
-        and holders(view, b.start) == holder
-        and (b.util_max or 0.0) > ctx.thresholds.idle_util_ratio
+        t
+        for t in view.starts[computing & (view.starts < until)].tolist()
+        if holders(view, t) == holder
     ]
     return len(busy) * ctx.bucket_hours

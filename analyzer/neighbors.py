@@ -142,7 +142,9 @@ def _solo_index(ctx: Context) -> SoloIndex:
             if len(present) != 1 or present[0].sm_util is None:
                 continue
             name = present[0].tenant
-            key = keys.setdefault(name, _workload_key(ctx, name))
+            key = keys.get(name)
+            if key is None:  # once per tenant (setdefault would parse its command every time)
+                key = keys[name] = _workload_key(ctx, name)
             out.setdefault((key, view.info.model), []).append(
                 (view.info.uuid, t, name, present[0].sm_util)
             )

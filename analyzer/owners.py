@@ -29,13 +29,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from analyzer.classify import CLASSES
-from analyzer.context import CARRY_SECONDS, Context, Finding, GpuView
+from analyzer.context import (
+    CARRY_SECONDS,
+    CLASS_CODES,
+    IDLE_CODE,
+    Context,
+    Finding,
+    Floats,
+    GpuView,
+    Ints,
+    Mask,
+    add_by,
+    first_seen,
+    running_sum,
+)
 from analyzer.idle_held import NO_PROCESS
-from analyzer.load import Bucket, Tenant, TenantBucket
+from analyzer.load import Tenant, TenantBucket
 from analyzer.mig import COMPUTE_SLICES, slices
 from analyzer.prices import Accounting
-from store.schema import GpuClass
 
 UNOWNED = "(unowned)"
 UNATTRIBUTED = "(unattributed)"
@@ -120,61 +134,58 @@ class _Ledger:
     # -- intervals --------------------------------------------------------------------------
 
     def add_gpu(self, view: GpuView) -> None:
+        """Account the GPU's intervals, all at once: each interval is one or more charges (its
+        holders' shares, else ``(unowned)`` or ``(unattributed)``), summed per owner in the
+        intervals' order (:func:`analyzer.context.running_sum`: the same floats as one
+        interval at a time)."""
         hours = self.ctx.bucket_hours
         price = self._price(view)
-        for b in view.buckets:
-            cls = view.class_at(b.start)
-            kwh = (b.power_watts or 0.0) * self.ctx.data.bucket_seconds / _JOULES_PER_KWH
+        if view.buckets:
+            kwh = np.nan_to_num(view.col("power_watts"))
+            kwh = kwh * self.ctx.data.bucket_seconds / _JOULES_PER_KWH
             cost = None if price is None else hours * price + kwh * (self._kwh_price() or 0.0)
-            self.gpu_hours += hours
-            self.energy_kwh += kwh
-            self.energy_hours += hours if b.power_watts is not None else 0.0
-            self.gpu_cost += 0.0 if price is None else hours * price
-            present = _present(view, b.start)
-            if not present:
-                self._unheld(view, b, cls, hours, kwh, cost)
-                continue
-            idle = view.compute_free(b, self.ctx.thresholds)
-            for tenant, share, basis in split(present):
-                owner = self._owner(*self.owner_of(tenant))
-                owner.workloads[tenant] = owner.workloads.get(tenant, 0.0) + hours * share
-                self._charge(owner, view, cls, hours * share, kwh * share, cost, share, basis)
-                owner.idle_gpu_hours += hours * share if idle else 0.0
+            n = len(view.buckets)
+            self.gpu_hours = running_sum(self.gpu_hours, np.full(n, hours))
+            self.energy_kwh = running_sum(self.energy_kwh, kwh)
+            measured = int(np.count_nonzero(~np.isnan(view.col("power_watts"))))
+            self.energy_hours = running_sum(self.energy_hours, np.full(measured, hours))
+            if price is not None:
+                self.gpu_cost = running_sum(self.gpu_cost, np.full(n, hours * price))
+            self._book(view, _charges(self, view), kwh, cost)
         self._model(view, price)
 
-    def _unheld(
-        self, view: GpuView, b: Bucket, cls: str, hours: float, kwh: float, cost: float | None
-    ) -> None:
-        """An interval no process was seen holding: idle capacity, or unattributed use."""
-        held = view.held(b, self.ctx.thresholds)
-        if cls == GpuClass.IDLE and not held:
-            owner = self._owner(UNOWNED, "unowned")
-            owner.idle_gpu_hours += hours
-        else:
-            owner = self._owner(UNATTRIBUTED, "unattributed")
-            owner.idle_gpu_hours += hours if view.compute_free(b, self.ctx.thresholds) else 0.0
-        self._charge(owner, view, cls, hours, kwh, cost, 1.0, "alone")
-
-    def _charge(
-        self,
-        owner: _Owner,
-        view: GpuView,
-        cls: str,
-        hours: float,
-        kwh: float,
-        cost: float | None,
-        share: float,
-        basis: str,
-    ) -> None:
-        owner.gpu_hours[cls] = owner.gpu_hours.get(cls, 0.0) + hours
-        owner.energy_kwh += kwh
-        owner.cost += 0.0 if cost is None else cost * share
-        owner.basis[basis] = owner.basis.get(basis, 0.0) + hours
-        owner.gpus.add(view.info.uuid)
+    def _book(self, view: GpuView, charges: _Charges, kwh: Floats, cost: Floats | None) -> None:
+        """Add the GPU's charges to its owners' lines and to its own books."""
+        at = charges.bucket
+        hours = self.ctx.bucket_hours * charges.share
+        kwh_share = kwh[at] * charges.share
+        cost_share = None if cost is None else cost[at] * charges.share
+        codes = view.class_codes[at]
         mine = self._per_gpu.setdefault(view.info.uuid, _GpuBooks())
-        mine.gpu_hours[cls] = mine.gpu_hours.get(cls, 0.0) + hours
-        mine.owners[owner.name] = mine.owners.get(owner.name, 0.0) + hours
-        mine.cost = None if cost is None else (mine.cost or 0.0) + cost * share
+        for o in first_seen(charges.owner):
+            name, kind, member = charges.owners[o]
+            owner = self._owner(name, kind, member)
+            ours = charges.owner == o
+            for t in first_seen(charges.tenant[ours]):
+                if t >= 0:
+                    tenant = charges.tenants[t]
+                    mask = ours & (charges.tenant == t)
+                    owner.workloads[tenant] = running_sum(
+                        owner.workloads.get(tenant, 0.0), hours[mask]
+                    )
+            add_by(owner.gpu_hours, codes[ours], hours[ours], CLASS_CODES)
+            owner.energy_kwh = running_sum(owner.energy_kwh, kwh_share[ours])
+            if cost_share is not None:
+                owner.cost = running_sum(owner.cost, cost_share[ours])
+            add_by(owner.basis, charges.basis[ours], hours[ours], BASES)
+            owner.gpus.add(view.info.uuid)
+            owner.idle_gpu_hours = running_sum(owner.idle_gpu_hours, hours[ours & charges.idle])
+        add_by(mine.gpu_hours, codes, hours, CLASS_CODES)
+        names = tuple(dict.fromkeys(name for name, _, _ in charges.owners))
+        name_of = np.array([names.index(name) for name, _, _ in charges.owners])
+        add_by(mine.owners, name_of[charges.owner], hours, names)  # by name, kinds together
+        if cost_share is not None:
+            mine.cost = running_sum(mine.cost or 0.0, cost_share)
 
     def gpus_json(self) -> dict[str, dict[str, Any]]:
         """Each GPU's GPU-hours by class, owner and cost (as :class:`Books` ``gpus``)."""
@@ -353,6 +364,78 @@ class _Ledger:
             "kwh_price": kwh_price,
             "models": sorted(self.models.values(), key=lambda m: str(m["model"])),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class _Charges:
+    """One GPU's charges in the order the intervals come: for each, the interval (a position
+    in the GPU's buckets), the owner and the workload (positions in ``owners`` and
+    ``tenants``; workload -1 for none), the share, how it was split (a position in
+    :data:`BASES`) and whether the owner is charged it as idle."""
+
+    bucket: Ints
+    owner: Ints
+    tenant: Ints
+    share: Floats
+    basis: Ints
+    idle: Mask
+    owners: tuple[tuple[str, str, str | None], ...]
+    tenants: tuple[str, ...]
+
+
+def _charges(ledger: _Ledger, view: GpuView) -> _Charges:
+    """Who pays for each interval of ``view``: its holders' shares (:func:`split`), the holders
+    carried over a sparse process log as :func:`_present` says, else ``(unowned)`` for an idle,
+    empty GPU and ``(unattributed)`` otherwise."""
+    th = ledger.ctx.thresholds
+    owners: dict[tuple[str, str, str | None], int] = {}
+    tenants: dict[str, int] = {}
+    entries: list[list[tuple[int, int, float, int]]] = []  # per holders' time
+    alone: dict[str, list[tuple[int, int, float, int]]] = {}  # a lone holder's (most times)
+    for t in view.tenant_times:
+        present = view.tenants[t]
+        if len(present) == 1 and present[0].tenant in alone:
+            entries.append(alone[present[0].tenant])
+            continue
+        entries.append(
+            [
+                (
+                    owners.setdefault(ledger.owner_of(name), len(owners)),
+                    tenants.setdefault(name, len(tenants)),
+                    share,
+                    BASES.index(basis),
+                )
+                for name, share, basis in split(present)
+            ]
+        )
+        if len(present) == 1:
+            alone[present[0].tenant] = entries[-1]
+    unowned = owners.setdefault((UNOWNED, "unowned", None), len(owners))
+    unattributed = owners.setdefault((UNATTRIBUTED, "unattributed", None), len(owners))
+    free = view.compute_free_mask(th)
+    nobody_idle = (view.class_codes == IDLE_CODE) & ~view.held_mask(th)
+    flat = [e for es in entries for e in es] or [(0, -1, 1.0, 0)]  # (a placeholder: none held)
+    e_owner, e_tenant, e_share, e_basis = (np.array(c) for c in zip(*flat, strict=True))
+    sizes = np.array([len(es) for es in entries] or [0], dtype=np.int64)
+    offsets = np.cumsum(sizes) - sizes
+    k = view.tenant_index
+    count = np.where(k >= 0, sizes[np.maximum(k, 0)], 1)  # charges per interval
+    bucket = np.repeat(np.arange(len(k)), count)
+    pos = np.arange(len(bucket)) - np.repeat(np.cumsum(count) - count, count)
+    kk = k[bucket]
+    held = kk >= 0
+    at = np.where(held, offsets[np.maximum(kk, 0)] + pos, 0)
+    nobody = nobody_idle[bucket]
+    return _Charges(
+        bucket,
+        np.where(held, e_owner[at], np.where(nobody, unowned, unattributed)),
+        np.where(held, e_tenant[at], -1),
+        np.where(held, e_share[at], 1.0).astype(np.float64),
+        np.where(held, e_basis[at], 0),
+        np.where(held, free[bucket], nobody | free[bucket]),
+        tuple(owners),
+        tuple(tenants),
+    )
 
 
 def split(present: tuple[TenantBucket, ...]) -> list[tuple[str, float, str]]:

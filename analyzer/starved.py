@@ -33,14 +33,29 @@ one rank of the job draws markedly more power than the others while they wait
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 from analyzer.changepoint import Straggler, find_straggler
-from analyzer.context import Context, Detected, Finding, GpuView, gpu_name
-from analyzer.load import Bucket, CgroupBucket, HostBucket
+from analyzer.context import (
+    CLASS_CODES,
+    IDLE_CODE,
+    Context,
+    Detected,
+    Finding,
+    Floats,
+    GpuView,
+    Ints,
+    gpu_name,
+)
+from analyzer.load import CgroupBucket, HostBucket
 from store.schema import FED_CLASSES
 
 NOISE = 0.05  # waiting below this share of an interval is measurement noise
@@ -48,12 +63,26 @@ CLASSES = FED_CLASSES
 #: A GPU classified otherwise (a CPU-starved job can read like a lightly loaded server) is still
 #: starved when direct evidence names the cause: its cgroup's CPU, or I/O pressure.
 EVIDENCED = ("input_cpu", "input_io")
+_FED_CODES = [CLASS_CODES.index(str(c)) for c in CLASSES]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class _Member:
+    """A GPU of a job, and which of its buckets the job held (positions in ``view.buckets``)."""
+
     view: GpuView
-    buckets: tuple[Bucket, ...]
+    index: Ints
+
+    def col(self, name: str) -> Floats:
+        return self.view.col(name)[self.index]
+
+    @functools.cached_property
+    def starts(self) -> Floats:
+        return self.col("start")
+
+    @property
+    def size(self) -> int:
+        return len(self.index)
 
 
 @dataclass(slots=True)
@@ -99,6 +128,9 @@ def evaluate(
 ) -> list[tuple[Finding, bool]]:
     out = []
     jobs = _jobs(ctx)
+    done: dict[str, set[float]] = {}  # the explained intervals, by GPU
+    for uuid, start in explained:
+        done.setdefault(uuid, set()).add(start)
     owns = {job.name: _own_reference(ctx, job) for job in jobs}
     fleet: dict[str, dict[str, float]] = {}
     for job in jobs:
@@ -107,17 +139,7 @@ def evaluate(
     for job in jobs:
         job.k_ref, job.reference = _physical(ctx, job, owns[job.name], fleet)
         comm_waits = _comm_waits(ctx, job)
-        members = [
-            (
-                m,
-                [
-                    x
-                    for b in m.buckets
-                    if (x := _loss(ctx, job, m, b, comm_waits, explained)) is not None
-                ],
-            )
-            for m in job.members
-        ]
+        members = [(m, _losses(ctx, job, m, comm_waits, done)) for m in job.members]
         cadence = _job_cadence(members, ctx.data.bucket_seconds)
         for member, losses in members:
             out.append(_finding(ctx, job, member, losses, cadence))
@@ -148,16 +170,18 @@ def _job_cadence(members: list[tuple[_Member, list[_Loss]]], bucket_seconds: int
 def _jobs(ctx: Context) -> list[_Job]:
     """Held training and batch intervals, grouped by the tenant that held them (a Slurm job, a
     pod...), else per GPU."""
-    groups: dict[str, dict[str, list[Bucket]]] = {}
+    groups: dict[str, dict[str, list[int]]] = {}
     for uuid, view in sorted(ctx.views.items()):
-        for b in view.buckets:
-            if not view.held(b, ctx.thresholds) or view.class_at(b.start) == "idle":
-                continue
-            name = view.main_tenant(b.start) or f"the workload on {gpu_name(view)}"
-            groups.setdefault(name, {}).setdefault(uuid, []).append(b)
+        mains = view.main_tenants
+        keep = view.held_mask(ctx.thresholds) & (view.class_codes != IDLE_CODE)
+        for i in np.flatnonzero(keep).tolist():
+            name = mains[i] or f"the workload on {gpu_name(view)}"
+            groups.setdefault(name, {}).setdefault(uuid, []).append(i)
     jobs = []
     for name, by_gpu in sorted(groups.items()):
-        members = [_Member(ctx.views[u], tuple(bs)) for u, bs in sorted(by_gpu.items())]
+        members = [
+            _Member(ctx.views[u], np.array(ix, dtype=np.int64)) for u, ix in sorted(by_gpu.items())
+        ]
         nodes = len({m.view.info.node for m in members})
         jobs.append(_Job(name, members, nodes=nodes))
     return jobs
@@ -169,14 +193,14 @@ def _own_reference(ctx: Context, job: _Job) -> float | None:
     clocks: list[float] = []
     for m in job.members:
         idle = ctx.idle_watts.get(m.view.info.uuid, 0.0)
-        mine = [
-            (b.power_watts - idle) / b.util
-            for b in m.buckets
-            if b.power_watts is not None and b.util is not None and b.util >= 0.5
-        ]
+        power, util = m.col("power_watts"), m.col("util")
+        with np.errstate(invalid="ignore"):
+            busy = ~np.isnan(power) & (util >= 0.5)
+        mine = ((power[busy] - idle) / util[busy]).tolist()
         if len(mine) >= 3:
             ks[gpu_name(m.view)] = statistics.quantiles(mine, n=4)[2]  # the 75th percentile
-        clocks += [b.sm_clock_hertz for b in m.buckets if b.sm_clock_hertz]
+        clock = m.col("sm_clock_hertz")
+        clocks += clock[~np.isnan(clock) & (clock != 0)].tolist()
     job.clock_ref = max(clocks) if clocks else None
     if len(job.members) >= 3:
         _straggler(ctx, job)
@@ -220,18 +244,17 @@ def _physical(
 
 
 def _straggler(ctx: Context, job: _Job) -> None:
-    times = sorted({b.start for m in job.members for b in m.buckets})
+    times = np.unique(np.concatenate([m.starts for m in job.members]))
     series: dict[str, list[float | None]] = {}
     for m in job.members:
         idle = ctx.idle_watts.get(m.view.info.uuid, 0.0)
-        power = {b.start: b.power_watts for b in m.buckets}
-        series[gpu_name(m.view)] = [
-            max(p - idle, 0.0) if (p := power.get(t)) is not None else None for t in times
-        ]
+        row = np.full(len(times), np.nan)
+        row[np.searchsorted(times, m.starts)] = np.maximum(m.col("power_watts") - idle, 0.0)
+        series[gpu_name(m.view)] = [None if math.isnan(x) else x for x in row.tolist()]
     found = find_straggler(series, min_excess=0.15, min_size=6)
     if found is not None:
         job.straggler = found
-        job.straggler_since = times[found.start]
+        job.straggler_since = float(times[found.start])
 
 
 # -- per interval ---------------------------------------------------------------------------------
@@ -242,72 +265,121 @@ def _comm_waits(ctx: Context, job: _Job) -> Counter[float]:
     th = ctx.thresholds
     waits: Counter[float] = Counter()
     for m in job.members:
-        for b in m.buckets:
-            share = _power_share(ctx, job, m.view, b)
-            busy = b.util is not None and b.util >= th.collective_util_ratio
-            if busy and share is not None and 1.0 - share >= 0.25:
-                waits[b.start] += 1
+        share = _power_share(ctx, job, m)
+        with np.errstate(invalid="ignore"):
+            waiting = (m.col("util") >= th.collective_util_ratio) & (1.0 - share >= 0.25)
+        waits.update(m.starts[waiting].tolist())
     return waits
 
 
-def _power_share(ctx: Context, job: _Job, view: GpuView, b: Bucket) -> float | None:
-    if b.power_watts is None or not job.k_ref:
-        return None
-    idle = ctx.idle_watts.get(view.info.uuid, 0.0)
-    return max(b.power_watts - idle, 0.0) / job.k_ref
+def _power_share(ctx: Context, job: _Job, m: _Member) -> Floats:
+    """Each bucket's power above idle against the job's fed level; NaN where power was not
+    reported or the job has no fed level."""
+    power = m.col("power_watts")
+    if not job.k_ref:
+        return np.full(len(power), np.nan)
+    idle = ctx.idle_watts.get(m.view.info.uuid, 0.0)
+    return np.maximum(power - idle, 0.0) / job.k_ref
+
+
+def _losses(
+    ctx: Context, job: _Job, m: _Member, comm_waits: Counter[float], done: dict[str, set[float]]
+) -> list[_Loss]:
+    """The member's waiting intervals: the share lost to waiting and to clock throttling for
+    all its buckets at once, then a cause for each bucket that lost at least ``NOISE``."""
+    th = ctx.thresholds
+    util, share = m.col("util"), _power_share(ctx, job, m)
+    wait = np.where(np.isnan(share), 1.0 - np.nan_to_num(util), 1.0 - share)
+    wait = np.minimum(np.maximum(wait, 0.0), 1.0)
+    clock_loss = np.zeros(len(wait))
+    clock = m.col("sm_clock_hertz")
+    throttled = np.nan_to_num(m.col("throttled_ratio")) >= th.throttled_samples_ratio
+    if job.clock_ref:
+        hit = throttled & ~np.isnan(clock) & (clock != 0)
+        clock_loss[hit] = np.maximum(1.0 - clock[hit] / job.clock_ref, 0.0)
+    lost = 1.0 - (1.0 - wait) * (1.0 - clock_loss)
+    measured = ~(np.isnan(share) & np.isnan(util))  # absent is not zero
+    # What _loss decides without the host's or the cgroup's evidence, decided here for all
+    # buckets: a wait within a collective's normal spread, or one with a cause that needs a
+    # fed class on a GPU of another class, is no loss.
+    clocked = clock_loss >= wait
+    with np.errstate(invalid="ignore"):
+        collective = ~clocked & (util >= th.collective_util_ratio)
+    left = np.where(collective, np.maximum(lost - th.collective_allowance_ratio, 0.0), lost)
+    fed = np.isin(m.view.class_codes[m.index], _FED_CODES)
+    keep = measured & (lost >= NOISE) & (left >= NOISE) & (fed | ~(clocked | collective))
+    c = np.flatnonzero(keep)
+    skip = done.get(m.view.info.uuid, set())
+    starts, losts = m.starts[c].tolist(), lost[c].tolist()
+    optional = [_optional(x) for x in (share[c], util[c], m.col("util_min")[c])]
+    clocked_c = clocked[c].tolist()
+    fed_c = fed[c].tolist()
+    out = []
+    for j, start in enumerate(starts):
+        if start in skip:
+            continue
+        w = _Wait(start, losts[j], optional[0][j], optional[1][j], optional[2][j], clocked_c[j])
+        x = _loss(ctx, job, m, w, comm_waits)
+        if x is not None and (fed_c[j] or x.cause in EVIDENCED):
+            out.append(x)
+    return out
+
+
+def _optional(values: Floats) -> list[float | None]:
+    """The values as Python floats, ``None`` for NaN (not reported)."""
+    return [None if math.isnan(x) else x for x in values.tolist()]
+
+
+class _Wait(NamedTuple):
+    """One bucket's waiting, measured (``None``: not reported)."""
+
+    start: float
+    lost: float
+    share: float | None
+    util: float | None
+    util_min: float | None
+    clocked: bool  # the clock loss is the larger part
 
 
 def _loss(
-    ctx: Context,
-    job: _Job,
-    m: _Member,
-    b: Bucket,
-    comm_waits: Counter[float],
-    explained: frozenset[tuple[str, float]],
+    ctx: Context, job: _Job, m: _Member, w: _Wait, comm_waits: Counter[float]
 ) -> _Loss | None:
+    """The cause of a bucket's waiting, and the share left after a collective's normal
+    spread."""
     th = ctx.thresholds
-    if (m.view.info.uuid, b.start) in explained:
-        return None
-    fed_class = m.view.class_at(b.start) in CLASSES
-    share = _power_share(ctx, job, m.view, b)
-    if share is None and b.util is None:
-        return None  # neither power nor utilization: nothing to measure (absent is not zero)
-    wait = 1.0 - (b.util or 0.0) if share is None else 1.0 - share
-    wait = min(max(wait, 0.0), 1.0)
-    clock_loss = 0.0
-    throttled = (b.throttled_ratio or 0.0) >= th.throttled_samples_ratio
-    if throttled and b.sm_clock_hertz and job.clock_ref:
-        clock_loss = max(1.0 - b.sm_clock_hertz / job.clock_ref, 0.0)
-    lost = 1.0 - (1.0 - wait) * (1.0 - clock_loss)
-    if lost < NOISE:
-        return None
-    if clock_loss >= wait:
+    lost, util = w.lost, w.util
+    if w.clocked:
         cause = "throttled"
-    elif b.util is not None and b.util >= th.collective_util_ratio:
-        cause = "network" if _ib_surge(ctx, m.view.info.node, b.start) else "communication"
+    elif util is not None and util >= th.collective_util_ratio:
+        cause = "network" if _ib_surge(ctx, m.view.info.node, w.start) else "communication"
         lost = max(lost - th.collective_allowance_ratio, 0.0)  # normal rank-to-rank spread
         if lost < NOISE:
             return None
     else:
-        cause = _input_cause(ctx, job, m, b, comm_waits)
-    if not fed_class and cause not in EVIDENCED:
-        return None
-    return _Loss(b.start, lost, cause, b.util, share)
+        cause = _input_cause(ctx, job, m, w.start, w.util_min, comm_waits)
+    return _Loss(w.start, lost, cause, util, w.share)
 
 
-def _input_cause(ctx: Context, job: _Job, m: _Member, b: Bucket, comm_waits: Counter[float]) -> str:
+def _input_cause(
+    ctx: Context,
+    job: _Job,
+    m: _Member,
+    start: float,
+    util_min: float | None,
+    comm_waits: Counter[float],
+) -> str:
     th = ctx.thresholds
-    seen_idle = b.util_min is not None and b.util_min <= th.input_idle_util_ratio
-    peers_waiting = comm_waits.get(b.start, 0) >= max(1, len(job.members) // 2)
+    seen_idle = util_min is not None and util_min <= th.input_idle_util_ratio
+    peers_waiting = comm_waits.get(start, 0) >= max(1, len(job.members) // 2)
     if peers_waiting:
         return "communication"  # the rank the others wait for (a checkpoint writer)
     if seen_idle:
-        cg = _cgroup_at(ctx, m, b.start)
+        cg = _cgroup_at(ctx, m, start)
         cores = cg.cpu_cores if cg is not None else None
         limit = cg.cpu_limit_cores if cg is not None else None
         if cores is not None and limit and cores >= th.cpu_saturated_ratio * limit:
             return "input_cpu"
-        host = _host_at(ctx, m.view.info.node, b.start)
+        host = _host_at(ctx, m.view.info.node, start)
         if host is not None:
             if (host.cpu_busy_ratio or 0.0) >= th.cpu_saturated_ratio:
                 return "input_cpu"
@@ -315,7 +387,7 @@ def _input_cause(ctx: Context, job: _Job, m: _Member, b: Bucket, comm_waits: Cou
                 host.psi_io_some_ratio or 0.0
             ) >= th.io_pressure_ratio:
                 return "input_io"
-        if job.nodes > 1 and _ib_surge(ctx, m.view.info.node, b.start):
+        if job.nodes > 1 and _ib_surge(ctx, m.view.info.node, start):
             return "network"
     return "unknown"
 
@@ -349,8 +421,9 @@ def _finding(
     """The GPU's finding, and whether it passes the thresholds."""
     th = ctx.thresholds
     view = m.view
-    held_hours = len(m.buckets) * ctx.bucket_hours
-    classes = Counter(view.class_at(b.start) for b in m.buckets)
+    held_hours = m.size * ctx.bucket_hours
+    counts = np.bincount(view.class_codes[m.index], minlength=len(CLASS_CODES))
+    classes = {CLASS_CODES[c]: int(counts[c]) for c in np.flatnonzero(counts).tolist()}
     gpu_class = max(classes, key=lambda c: (classes[c], c))
     lost_hours = sum(x.lost for x in losses) * ctx.bucket_hours
     ratio = lost_hours / held_hours
@@ -381,8 +454,8 @@ def _finding(
         details.append(("checkpoint_minutes", round(cadence, 1)))
     if job.straggler is not None:
         details.append(("straggler", job.straggler.worker))
-    first = losses[0].start if losses else m.buckets[0].start
-    last = losses[-1].start if losses else m.buckets[-1].start
+    first = losses[0].start if losses else float(m.starts[0])
+    last = losses[-1].start if losses else float(m.starts[-1])
     finding = Finding(
         kind="starved",
         node=view.info.node,

@@ -9,12 +9,16 @@ activity, per class); per-node figures; and data coverage (missing fields, gaps,
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
-from analyzer.classify import CLASSES, GpuVerdict, class_at
-from analyzer.context import Finding
+import numpy as np
+
+from analyzer.classify import CLASSES, GpuVerdict
+from analyzer.context import CLASS_CODES, Finding, Floats, Ints, class_codes, column, running_sum
 from analyzer.load import Bucket, FleetData
 
 HOUR = 3600
@@ -30,11 +34,14 @@ def summarize(
     data: FleetData, verdicts: list[GpuVerdict], findings: tuple[Finding, ...]
 ) -> dict[str, Any]:
     hours = data.bucket_seconds / HOUR
+    gpus = [_Gpu(v, data.buckets.get(v.info.uuid, ())) for v in verdicts]
     by_class: dict[str, float] = {}
-    for v in verdicts:
-        for b in data.buckets.get(v.info.uuid, ()):
-            cls = class_at(v, b.start)
-            by_class[cls] = by_class.get(cls, 0.0) + hours
+    for gpu in gpus:  # sums in the per-bucket order (running_sum), classes as first seen
+        counts = np.bincount(gpu.codes, minlength=len(CLASS_CODES))
+        codes, first = np.unique(gpu.codes, return_index=True)
+        for code in codes[np.argsort(first)].tolist():
+            cls = CLASS_CODES[code]
+            by_class[cls] = running_sum(by_class.get(cls, 0.0), np.full(counts[code], hours))
     total = sum(by_class.values()) or 1.0
     lost: dict[str, float] = {"starved": 0.0, "idle_held": 0.0, "noisy_neighbor": 0.0}
     for f in findings:
@@ -54,8 +61,8 @@ def summarize(
             "noisy_neighbor": round(lost["noisy_neighbor"] / total, 3),
         },
         "top_actions": top_actions(findings),
-        "timeline": _timeline(data, verdicts),
-        "real_utilization": _real_utilization(data, verdicts),
+        "timeline": _timeline(data, gpus),
+        "real_utilization": _real_utilization(gpus),
         "nodes_detail": _nodes(data, verdicts, findings),
         "coverage": _coverage(data),
     }
@@ -115,46 +122,84 @@ def top_actions(
     ]
 
 
-def _timeline(data: FleetData, verdicts: list[GpuVerdict]) -> dict[str, Any]:
-    """GPUs by class per hour (the class a GPU had for most of the hour)."""
+@dataclass(frozen=True, slots=True)
+class _Gpu:
+    """A verdict and its GPU's buckets as columns: start, class code, and the fields read."""
+
+    verdict: GpuVerdict
+    starts: Floats
+    codes: Ints
+    buckets: tuple[Bucket, ...]
+
+    def __init__(self, verdict: GpuVerdict, buckets: tuple[Bucket, ...]) -> None:
+        starts = column(buckets, "start")
+        object.__setattr__(self, "verdict", verdict)
+        object.__setattr__(self, "starts", starts)
+        object.__setattr__(self, "codes", class_codes(verdict, starts))
+        object.__setattr__(self, "buckets", buckets)
+
+
+#: Class codes in the order of their names: the timeline breaks a tie between classes by name.
+_BY_NAME = np.argsort(np.array(CLASS_CODES))
+_NAME_RANK = np.argsort(_BY_NAME)
+
+
+def _timeline(data: FleetData, gpus: list[_Gpu]) -> dict[str, Any]:
+    """GPUs by class per hour (the class a GPU had for most of the hour; a tie goes to the
+    class whose name sorts last)."""
     start = data.window_start - data.window_start % HOUR
     slots = int((data.window_end - start) // HOUR) + 1
     counts: dict[str, list[int]] = {c: [0] * slots for c in CLASSES}
-    for v in verdicts:
-        per_hour: dict[int, Counter[str]] = {}
-        for b in data.buckets.get(v.info.uuid, ()):
-            slot = int((b.start - start) // HOUR)
-            classes = per_hour.get(slot)
-            if classes is None:  # one Counter per hour, not one per bucket
-                classes = per_hour[slot] = Counter()
-            classes[class_at(v, b.start)] += 1
-        for slot, classes in per_hour.items():
+    width = len(CLASS_CODES)
+    for gpu in gpus:
+        if not len(gpu.starts):
+            continue
+        hour = ((gpu.starts - start) // HOUR).astype(np.int64)
+        first = int(hour.min())
+        rows = int(hour.max()) - first + 1
+        per = np.bincount((hour - first) * width + gpu.codes, minlength=rows * width)
+        per = per.reshape(rows, width)
+        seen = np.flatnonzero(per.sum(axis=1))
+        # the most buckets, then the class name that sorts last (max over (count, name))
+        rank = per[seen] * width + _NAME_RANK[np.newaxis, :]
+        winners = np.argmax(rank, axis=1)
+        for slot, code in zip((seen + first).tolist(), winners.tolist(), strict=True):
             if 0 <= slot < slots:
-                counts[max(classes, key=lambda c: (classes[c], c))][slot] += 1
+                counts[CLASS_CODES[code]][slot] += 1
     return {"start": start, "step_seconds": HOUR, "classes": counts}
 
 
-def _real_utilization(data: FleetData, verdicts: list[GpuVerdict]) -> dict[str, Any]:
+def _real_utilization(gpus: list[_Gpu]) -> dict[str, Any]:
     """Per class: mean utilization (a duty cycle), mean power against the limit, mean SM
-    activity where reported. A class at 95% utilization and 40% power is waiting, not working."""
-    acc: dict[str, dict[str, list[float]]] = {}
-    for v in verdicts:
-        limit = v.info.power_limit_watts
-        for b in data.buckets.get(v.info.uuid, ()):
-            cls = class_at(v, b.start)
-            if cls == "idle":
+    activity where reported. A class at 95% utilization and 40% power is waiting, not working.
+    (Means by :func:`math.fsum`, exact whatever the order, as :func:`statistics.fmean`.)"""
+    acc: dict[str, dict[str, list[Floats]]] = {}
+    for gpu in gpus:
+        limit = gpu.verdict.info.power_limit_watts
+        util = column(gpu.buckets, "util")
+        power = column(gpu.buckets, "power_watts")
+        sm = column(gpu.buckets, "sm_active")
+        for code in np.unique(gpu.codes).tolist():
+            if CLASS_CODES[code] == "idle":
                 continue
-            entry = acc.setdefault(cls, {"utilization": [], "power_of_limit": [], "sm_active": []})
-            if b.util is not None:
-                entry["utilization"].append(b.util)
-            if b.power_watts is not None and limit:
-                entry["power_of_limit"].append(b.power_watts / limit)
-            if b.sm_active is not None:
-                entry["sm_active"].append(b.sm_active)
-    return {
-        cls: {k: (round(statistics.fmean(v), 3) if v else None) for k, v in entry.items()}
-        for cls, entry in sorted(acc.items())
-    }
+            mine = gpu.codes == code
+            entry = acc.setdefault(
+                CLASS_CODES[code], {"utilization": [], "power_of_limit": [], "sm_active": []}
+            )
+            entry["utilization"].append(_present(util[mine]))
+            if limit:
+                entry["power_of_limit"].append(_present(power[mine]) / limit)
+            entry["sm_active"].append(_present(sm[mine]))
+    return {cls: {k: _fmean(v) for k, v in entry.items()} for cls, entry in sorted(acc.items())}
+
+
+def _present(values: Floats) -> Floats:
+    return values[~np.isnan(values)]
+
+
+def _fmean(parts: list[Floats]) -> float | None:
+    values = np.concatenate(parts).tolist() if parts else []
+    return round(math.fsum(values) / len(values), 3) if values else None
 
 
 def _nodes(
@@ -178,19 +223,22 @@ def _nodes(
 
 
 def _coverage(data: FleetData) -> dict[str, Any]:
-    buckets = [b for bs in data.buckets.values() for b in bs]
-    n = max(len(buckets), 1)
+    intervals = down = samples = 0
+    missing_counts = dict.fromkeys(FIELDS, 0)
+    for bs in data.buckets.values():
+        intervals += len(bs)
+        count = column(bs, "samples")
+        down += int((count - column(bs, "up_samples")).sum())
+        samples += int(count.sum())
+        for name, attr in FIELDS.items():
+            missing_counts[name] += int(np.isnan(column(bs, attr)).sum())
+    n = max(intervals, 1)
     expected = (data.window_end - data.window_start) / data.bucket_seconds * len(data.gpus)
-    down = sum(b.samples - b.up_samples for b in buckets)
-    samples = sum(b.samples for b in buckets)
-    missing = {
-        name: round(sum(1 for b in buckets if getattr(b, attr) is None) / n, 3)
-        for name, attr in FIELDS.items()
-    }
+    missing = {name: round(missing_counts[name] / n, 3) for name in FIELDS}
     return {
         "samples": samples,
         "intervals_expected": int(expected),
-        "intervals_missing": max(int(expected) - len(buckets), 0),
+        "intervals_missing": max(int(expected) - intervals, 0),
         "samples_gpu_down": down,
         "missing_fields": missing,
         "events": dict(sorted(data.events.items())),

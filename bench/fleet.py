@@ -1,32 +1,69 @@
-"""The analyzer at fleet scale: `aiscope analyze` on N nodes x 8 GPUs x 7 days at 10 s.
+"""The analyzer at fleet scale: `aiscope analyze` on N nodes x 8 GPUs x 7 days at 10 s, through
+each engine side by side in one run (issue #25).
 
-Writes each node store straight with SQL (DuckDB ``range()`` and hash noise, no simulator):
+Writes each node store straight with SQL (DuckDB ``range()`` and hash noise, no simulator). A
+node's role (its position among every 8 nodes) picks its workload from the ``--mix``:
 
-* nodes 0-1 of every 8: one 16-GPU training job across both nodes (ranks in lockstep, a
-  checkpoint pause every 2 h), starting at a different hour for each pair of nodes;
-* node 2: a single-node training job that ends mid-window; node 7: one starved by its input
-  pipeline (the GPUs wait half of each minute while the host's CPUs are saturated);
-* nodes 3-4: inference servers following a daily cycle (a different service per node);
-* node 5: notebooks (memory held in working hours, sporadic bursts), idle GPUs, idle-held GPUs;
-* node 6: a nightly batch window.
+===============  ===========================================================================
+``default``      nodes 0-1: one 16-GPU training job across both (ranks in lockstep, a
+                 checkpoint pause every 2 h); 2: a single-node job that ends mid-window;
+                 3-4: inference servers on a daily cycle; 5: notebooks, idle and idle-held
+                 GPUs; 6: a nightly batch window; 7: training starved by its input pipeline
+``serving-heavy``  nodes 0-4: inference servers; 5: notebooks; 6: batch; 7: one training job
+``training-heavy`` nodes 0-5: three 16-GPU jobs (pairs of nodes); 6: starved; 7: serving
+===============  ===========================================================================
 
-Then, for each size: ``aiscope analyze --format json`` in a subprocess, timed (wall and CPU)
-and its peak RSS read from ``getrusage``; and the per-GPU 5-minute bucket aggregation the
-analyzer does (:func:`analyzer.load.load`'s ``buckets`` table) done once by DuckDB and once
-by pandas over the same window of the same stores (the baseline; pandas only here, a dev
-dependency).
-Stores are generated once under ``--work`` and reused.
+Each pair of nodes starts its job at a different hour; each node serves its own service.
 
-    nice .venv/bin/python bench/fleet.py --gpus 64 256 1024 [--work /tmp/aiscope-fleet]
+Then, for each size, ``aiscope analyze --format json`` in a subprocess once per engine
+(``--engine serial``, ``pool`` and ``ray``; Ray on a local head this script starts, as the
+test suite's fixture does), each measured the same way:
+
+* wall seconds;
+* CPU seconds, user + system: the analysing process and everything it waited for (the pool's
+  workers), plus, for Ray, the CPU every process of the Ray session (raylet, GCS, workers and
+  the workers they reaped) spent between the start and the end of the analysis
+  (``/proc/PID/stat``), so Ray's own overhead is counted too;
+* peak RSS of the driver (the analysing process's own ``ru_maxrss``) and of the largest worker:
+  a pool's workers by ``getrusage(RUSAGE_CHILDREN)`` in the analysing process (the largest of
+  the processes it reaped); Ray's by the high-water mark (``VmHWM``) of each ``ray::`` process
+  of the session, read after the analysis and before the teardown (a worker that exited
+  before then is not seen);
+* CPU-seconds per GPU-week: CPU / (GPUs x days / 7), which should stay flat as the fleet grows.
+
+And the per-GPU 5-minute bucket aggregation the analyzer does (:func:`analyzer.load.load`'s
+``buckets`` table) done once by DuckDB and once by pandas over the same window of the same
+stores (the baseline; pandas only here, a dev dependency).
+
+``--scale-out`` measures the engines past one machine: 16,384 GPUs x 7 days at 60 s through
+Ray only. A bench run, not a test: the stores take 0.53 MiB per GPU-week at 60 s (measured on
+512 GPUs), so ~8.5 GiB under ``--work`` for 16,384 GPUs, and generating them took 91 s per 512
+GPUs on a shared 2-core machine (~50 min for 16,384).
+
+Stores are generated once under ``--work`` (one folder per mix, size, interval and days) and
+reused. The Markdown table it prints is README-ready; ratios are against the serial engine
+measured in the same run.
+
+    nice .venv/bin/python bench/fleet.py --gpus 64 256 1024 [--mix default serving-heavy]
+    nice .venv/bin/python bench/fleet.py --scale-out --gpus 1024 2048   # Ray, 60 s samples
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -36,6 +73,15 @@ from agent.store import Store
 DAY = 86400.0
 END = 1_790_000_000.0  # a fixed end (a Thursday), so runs are comparable
 GIB = 2**30
+ENGINES = ("serial", "pool", "ray")
+#: Each mix: the workload of the nodes in each position among every 8 (see the docstring).
+#: ``train2``: one 16-GPU job across a pair of nodes; ``train1``: a single-node job that ends
+#: mid-window.
+MIXES: dict[str, tuple[str, ...]] = {
+    "default": ("train2", "train2", "train1", "serve", "serve", "mixed", "batch", "starved"),
+    "serving-heavy": ("serve", "serve", "serve", "serve", "serve", "mixed", "batch", "train1"),
+    "training-heavy": ("train2",) * 6 + ("starved", "serve"),
+}
 #: Every sample time, ``$s`` to ``$e`` every ``$i`` seconds, crossed with the node's 8 GPUs.
 _GRID = "SELECT $s + $i * k AS t, g FROM range(CAST(($e - $s) / $i AS BIGINT)) r(k), range(8) q(g)"
 #: Uniform noise in [0, 1) from the sample time, the GPU and the node (no RNG state).
@@ -68,30 +114,30 @@ SELECT t, g, least(1.0, greatest(0.0, u)) AS util, mem, pid FROM (
 """
 
 
-def _plan(node: int, days: float) -> dict[str, object]:
+def _plan(node: int, days: float, mix: str = "default") -> dict[str, object]:
     """The node's workload and its parameters (see the module's docstring)."""
     role = node % 8
-    kind = {0: "train", 1: "train", 2: "train", 3: "serve", 4: "serve"}.get(role, "")
-    kind = kind or {5: "mixed", 6: "batch", 7: "starved"}[role]
+    workload = MIXES[mix][role]
     start = END - days * DAY
-    job_start = start + 3600 * (3 + 7 * ((node // 8) % 12))  # each pair of nodes its own hour
-    job_end = END + 1 if role < 2 else start + days * DAY * 0.6
+    pair = role - role % 2 if workload == "train2" else role  # a 16-GPU job's two nodes
+    job_start = start + 3600 * (3 + 7 * ((node // 8 * 4 + pair // 2) % 12))  # each pair its hour
+    job_end = END + 1 if workload == "train2" else start + days * DAY * 0.6
     return {
-        "kind": kind,
+        "kind": workload.rstrip("12"),
         "js": job_start,
         "je": job_end,
-        "job": f"{4000 + node // 8 * 3 + (0 if role < 2 else role)}",
+        "job": f"{4000 + node // 8 * 8 + pair}",
         "amp": 0.5 + 0.1 * (node % 3),
         "phase": 3600.0 * (node % 5),
     }
 
 
-def make_store(path: Path, node: int, days: float, interval: float) -> int:
+def make_store(path: Path, node: int, days: float, interval: float, mix: str = "default") -> int:
     """One node store: 8 GPUs, host and process samples, ``days`` every ``interval`` s."""
     store = Store(path)
     store.rollup(END)  # creates the schema, as the agent does on its first write
     store.close()
-    plan = _plan(node, days)
+    plan = _plan(node, days, mix)
     name = f"node-{node:04d}"
     params = {"s": END - days * DAY, "e": END, "i": interval, "n": name, "n_i": node}
     params.update({k: plan[k] for k in ("kind", "js", "je", "amp", "phase")})
@@ -142,7 +188,7 @@ def _processes(
             "n": node,
             "comm": comm.get(str(kind), "jupyter-lab"),
             "cmd": f"{kind} --rank",
-            "user": f"user{hash(node) % 7}",
+            "user": f"user{sum(node.encode()) % 7}",  # not hash(): salted per process
             "job": job,
             "pod": pod,
             "s": END - 8 * DAY,
@@ -158,37 +204,71 @@ def _processes(
     )
 
 
-def generate(work: Path, nodes: int, days: float, interval: float) -> Path:
+def generate(work: Path, nodes: int, days: float, interval: float, mix: str = "default") -> Path:
     """The stores of ``nodes`` nodes under ``work``, made once (a finished marker says so)."""
-    stores = work / f"fleet-{nodes * 8}"
+    stores = work / f"{mix}-{nodes * 8}gpus-{interval:g}s-{days:g}d"
     if (stores / "done").exists():
         return stores
     stores.mkdir(parents=True, exist_ok=True)
     for old in stores.glob("*.duckdb*"):
         old.unlink()
     for node in range(nodes):
-        make_store(stores / f"node-{node:04d}.duckdb", node, days, interval)
+        make_store(stores / f"node-{node:04d}.duckdb", node, days, interval, mix)
     (stores / "done").write_text("")
     return stores
 
 
-#: Runs its arguments and prints the child's peak RSS (KiB) and CPU seconds. The analysis is
-#: started from this small, freshly executed process, not from the bench: Linux carries the
-#: forking process's peak RSS over into the child's (``ru_maxrss`` survives ``exec``), and the
-#: bench holds pandas frames by then.
-_LAUNCHER = (
-    "import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
-    "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
-    "print(u.ru_maxrss, u.ru_utime + u.ru_stime, file=sys.stderr); sys.exit(code)"
-)
+# -- measuring one analysis -----------------------------------------------------------------------
+
+#: Runs the CLI in this process, then prints its own rusage and its reaped children's (the
+#: pool's workers, reaped by the forkserver, which is stopped and reaped first) on stderr.
+_ANALYSE = """
+import resource, sys
+from aiscope.cli import main
+sys.argv = ["aiscope", *sys.argv[1:]]
+try:
+    main()
+    code = 0
+except SystemExit as done:
+    code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+from multiprocessing import forkserver
+server = getattr(forkserver, "_forkserver", None)
+if server is not None and getattr(server, "_forkserver_pid", None):
+    server._stop()
+me = resource.getrusage(resource.RUSAGE_SELF)
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+print("BENCH-RUSAGE", me.ru_maxrss, kids.ru_maxrss,
+      me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, file=sys.stderr)
+sys.exit(code)
+"""
+#: Starts the analysing process from a small, freshly executed one, not from the bench: Linux
+#: carries the forking process's peak RSS over into the child's (``ru_maxrss`` survives
+#: ``exec``), and the bench holds pandas frames by then.
+_LAUNCHER = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
 
 
-def analyze(stores: Path) -> tuple[float, float, float, dict[str, int]]:
-    """(wall seconds, CPU seconds, peak RSS GiB, a census of the document) of
-    ``aiscope analyze`` (CPU: user + system, which other jobs on the machine do not inflate)."""
-    exe = Path(sys.executable).parent / "aiscope"
-    out = stores.parent / f"{stores.name}.json"
-    command = [str(exe), "analyze", "--store", str(stores), "--format", "json"]
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One analysis through one engine."""
+
+    engine: str
+    wall_seconds: float
+    cpu_seconds: float
+    driver_peak_bytes: int
+    worker_peak_bytes: int | None  # None: no worker processes (serial)
+    census: dict[str, int]
+
+
+class Skipped(Exception):
+    """An engine that cannot run here (no ``--engine`` flag yet, Ray not installed...)."""
+
+
+def analyze(stores: Path, engine: str, extra: list[str], ray: RayHead | None = None) -> Run:
+    """``aiscope analyze`` of ``stores`` through ``engine`` (``extra``: its flags), measured."""
+    out = stores.parent / f"{stores.name}.{engine}.json"
+    command = [sys.executable, "-c", _ANALYSE, "analyze", "--store", str(stores)]
+    command += ["--format", "json", *extra]
+    before = ray.cpu_seconds() if ray is not None else 0.0
     started = time.perf_counter()
     with out.open("w") as sink:
         done = subprocess.run(
@@ -196,11 +276,32 @@ def analyze(stores: Path) -> tuple[float, float, float, dict[str, int]]:
             check=False,
             stdout=sink,
             stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": _pythonpath()},
         )
     wall = time.perf_counter() - started
+    err = done.stderr.decode()
     if done.returncode:
-        raise SystemExit(f"aiscope analyze failed on {stores}: {done.stderr.decode()[-2000:]}")
-    rss_kib, cpu = done.stderr.decode().split()[-2:]
+        if "No such option" in err:
+            raise Skipped(f"aiscope analyze has no {extra[0]} here")
+        if done.returncode == 2:  # the CLI's one-line refusal (an engine not installed...)
+            raise Skipped(err.strip().splitlines()[-1] if err.strip() else "exit 2")
+        raise SystemExit(f"aiscope analyze {' '.join(extra)} failed on {stores}: {err[-2000:]}")
+    line = next(x for x in reversed(err.splitlines()) if x.startswith("BENCH-RUSAGE"))
+    own_kib, kids_kib, cpu = line.split()[1:]
+    workers = int(kids_kib) * 1024 if engine == "pool" else None
+    if ray is not None:
+        cpu = str(float(cpu) + ray.cpu_seconds() - before)
+        workers = ray.worker_peak_bytes()
+    return Run(engine, wall, float(cpu), int(own_kib) * 1024, workers, _census(out))
+
+
+def _pythonpath() -> str:
+    """This checkout first, so the subprocesses analyse with the code beside this script."""
+    here = str(Path(__file__).resolve().parents[1])
+    return os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+
+
+def _census(out: Path) -> dict[str, int]:
     doc = json.loads(out.read_text())
     census: dict[str, int] = {}
     for gpu in doc["gpus"]:
@@ -208,8 +309,129 @@ def analyze(stores: Path) -> tuple[float, float, float, dict[str, int]]:
     for finding in doc["findings"]:
         census[finding["kind"]] = census.get(finding["kind"], 0) + 1
     census["recommendations"] = len(doc["recommendations"])
-    return wall, float(cpu), int(rss_kib) * 1024 / GIB, census
+    return census
 
+
+def engines_available() -> bool:
+    """Whether ``aiscope analyze`` takes ``--engine`` (issue #25's flag)."""
+    exe = [sys.executable, "-m", "aiscope", "analyze", "--help"]
+    env = {**os.environ, "PYTHONPATH": _pythonpath(), "COLUMNS": "200"}
+    shown = subprocess.run(exe, capture_output=True, check=False, env=env).stdout.decode()
+    return "--engine" in shown
+
+
+# -- a local Ray head -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RayHead:
+    """A Ray head started by this script under ``setsid``: its session (process group) and GCS
+    address."""
+
+    session: int
+    address: str
+    temp_dir: str
+
+    def pids(self) -> list[int]:
+        """The processes of the head's session (raylet, GCS, workers...)."""
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and _session_of(entry) == self.session:
+                out.append(int(entry.name))
+        return out
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the session's processes so far, and of the children they
+        reaped (a raylet reaps its finished workers)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in self.pids():
+            fields = _stat_fields(Path(f"/proc/{pid}"))
+            if fields is not None:
+                total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+        return total / tick
+
+    def worker_peak_bytes(self) -> int | None:
+        """The largest high-water mark (``VmHWM``) among the session's ``ray::`` workers."""
+        peaks = []
+        for pid in self.pids():
+            try:
+                if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::"):
+                    continue
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:  # it exited meanwhile
+                continue
+            found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+            if found:
+                peaks.append(int(found.group(1)) * 1024)
+        return max(peaks) if peaks else None
+
+
+def _stat_fields(proc: Path) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name (field 3 onwards), or None once it exited."""
+    try:
+        text = (proc / "stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _session_of(proc: Path) -> int | None:
+    fields = _stat_fields(proc)
+    return int(fields[3]) if fields is not None else None  # field 6: the session id
+
+
+@contextmanager
+def ray_head(cpus: int = 2) -> Iterator[RayHead]:
+    """A local Ray head, as the test suite's fixture starts it (issue #25), torn down by its
+    process group whatever happens. Raises :class:`Skipped` when Ray is not installed or the
+    head does not come up."""
+    ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+    if ray is None:
+        raise Skipped("Ray is not installed (pip install 'aiscope[ray]')")
+    temp = tempfile.mkdtemp(prefix="aiscope-bench-ray-")
+    command = [ray, "start", "--head", "--port=0", f"--num-cpus={cpus}"]
+    command += ["--object-store-memory=500000000", "--include-dashboard=false"]
+    command += ["--disable-usage-stats", f"--temp-dir={temp}", "--block"]
+    head = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        address = _address(head, temp)
+        yield RayHead(head.pid, address, temp)
+    finally:
+        _stop(head.pid)
+        head.wait()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _address(head: subprocess.Popen[bytes], temp: str, timeout: float = 180.0) -> str:
+    """The GCS address the head prints once it is up (``--address='IP:PORT'``)."""
+    assert head.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = head.stdout.readline().decode()
+        if not line and head.poll() is not None:
+            break
+        seen.append(line)
+        found = re.search(r"--address='([^']+)'", line)
+        if found:
+            return found.group(1)
+    raise Skipped(f"the Ray head in {temp} did not come up: {''.join(seen)[-500:]}")
+
+
+def _stop(session: int) -> None:
+    """SIGTERM to the head's process group, then SIGKILL to whatever is left of it."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(session, sig)
+        except ProcessLookupError:
+            return
+        time.sleep(wait)
+
+
+# -- the pandas baseline --------------------------------------------------------------------------
 
 #: The analyzer's bucket aggregation (analyzer.load._materialize), for the comparison.
 _BUCKETS_SQL = (
@@ -276,35 +498,121 @@ def _aggregate_chunk(paths: list[Path], days: float) -> tuple[float, ...]:
     return duck, duck_cpu, pandas_s, pandas_cpu, buckets
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024])
-    parser.add_argument("--days", type=float, default=7.0)
-    parser.add_argument("--interval", type=float, default=10.0)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/aiscope-fleet"))
-    parser.add_argument("--no-pandas", action="store_true", help="skip the baseline")
-    args = parser.parse_args()
-    print(
-        "| GPUs | GPU rows | analyze: wall (s) | CPU (s) | peak RSS (GiB) | buckets: DuckDB (s) | "
-        "pandas (s) | DuckDB faster: wall | CPU | classes and findings |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for gpus in args.gpus:
-        started = time.perf_counter()
-        stores = generate(args.work, max(1, gpus // 8), args.days, args.interval)
-        made = time.perf_counter() - started
-        rows = int(args.days * DAY / args.interval) * gpus
-        wall, cpu, rss, census = analyze(stores)
-        duck = duck_cpu = pandas_s = pandas_cpu = float("nan")
-        if not args.no_pandas:
-            duck, duck_cpu, pandas_s, pandas_cpu, _ = aggregate(stores, args.days)
-        shape = ", ".join(f"{k} {v}" for k, v in sorted(census.items()))
+# -- the run --------------------------------------------------------------------------------------
+
+
+def _size_bytes(stores: Path) -> int:
+    return sum(p.stat().st_size for p in stores.glob("*.duckdb*"))
+
+
+def measure(stores: Path, engines: tuple[str, ...], workers: int | None) -> list[Run | str]:
+    """Each engine's run, or the line that says why it did not run."""
+    if not engines_available():
         print(
-            f"| {gpus:,} | {rows / 1e6:.1f}M | {wall:.1f} | {cpu:.1f} | {rss:.2f} | {duck:.2f} | "
-            f"{pandas_s:.2f} | {pandas_s / duck:.0f}x | {pandas_cpu / duck_cpu:.0f}x | {shape} |",
+            "  (aiscope analyze has no --engine here: the serial analysis runs without the "
+            "flag; pool and Ray are skipped)",
+            file=sys.stderr,
             flush=True,
         )
-        print(f"  (generated in {made:.0f} s)", file=sys.stderr, flush=True)
+        return [analyze(stores, "serial", [])] if "serial" in engines else []
+    out: list[Run | str] = []
+    more = ["--workers", str(workers)] if workers else []
+    for engine in engines:
+        try:
+            if engine == "ray":
+                if importlib.util.find_spec("analyzer.rayengine") is None:
+                    raise Skipped("this checkout has no analyzer.rayengine")
+                with ray_head() as head:
+                    flags = ["--engine", "ray", "--address", head.address]  # its 2 CPUs
+                    out.append(analyze(stores, engine, flags, head))
+            else:
+                flags = ["--engine", engine, *(more if engine == "pool" else [])]
+                out.append(analyze(stores, engine, flags))
+        except Skipped as why:
+            out.append(f"{engine}: skipped ({why})")
+    return out
+
+
+_HEADER = (
+    "| mix | GPUs | GPU rows | store (GiB) | engine | wall (s) | CPU (s) | CPU-s per GPU-week | "
+    "driver peak (GiB) | largest worker (GiB) | wall vs serial | CPU vs serial | "
+    "classes and findings |"
+)
+
+
+def row(size: tuple[str, int, float, int, int], run: Run, serial: Run | None) -> str:
+    """One Markdown row for ``size`` (mix, GPUs, days, GPU rows, bytes on disk); ratios
+    against the serial run of the same size (— without one)."""
+    mix, gpus, days, rows, disk = size
+    weeks = gpus * days / 7.0
+    worker = f"{run.worker_peak_bytes / GIB:.2f}" if run.worker_peak_bytes else "—"
+    wall = f"{run.wall_seconds / serial.wall_seconds:.2f}x" if serial else "—"
+    cpu = f"{run.cpu_seconds / serial.cpu_seconds:.2f}x" if serial else "—"
+    shape = ", ".join(f"{k} {v}" for k, v in sorted(run.census.items()))
+    return (
+        f"| {mix} | {gpus:,} | {rows / 1e6:.1f}M | {disk / GIB:.2f} | {run.engine} | "
+        f"{run.wall_seconds:.1f} | {run.cpu_seconds:.1f} | {run.cpu_seconds / weeks:.3f} | "
+        f"{run.driver_peak_bytes / GIB:.2f} | {worker} | {wall} | {cpu} | {shape} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="examples:\n  bench/fleet.py --gpus 64 256 --mix default training-heavy\n"
+        "  bench/fleet.py --scale-out --gpus 1024 2048 --no-pandas",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--gpus", type=int, nargs="+", help="fleet sizes (default 64 256 1024)")
+    parser.add_argument("--days", type=float, default=7.0, help="days of samples (default 7)")
+    parser.add_argument("--interval", type=float, help="seconds between samples (default 10)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/aiscope-fleet"))
+    parser.add_argument("--mix", nargs="+", default=["default"], choices=sorted(MIXES))
+    parser.add_argument("--engine", nargs="+", choices=ENGINES, help="default: all three")
+    parser.add_argument("--workers", type=int, help="the pool's --workers (default: the CLI's)")
+    parser.add_argument("--no-pandas", action="store_true", help="skip the pandas baseline")
+    parser.add_argument(
+        "--scale-out",
+        action="store_true",
+        help="Ray only, 60 s samples, 16,384 GPUs unless --gpus says otherwise, no pandas "
+        "(~8.5 GiB of stores under --work)",
+    )
+    args = parser.parse_args()
+    if args.scale_out:
+        engines = tuple(args.engine or ("ray",))
+        interval, sizes = args.interval or 60.0, args.gpus or [16384]
+    else:
+        engines = tuple(args.engine or ENGINES)
+        interval, sizes = args.interval or 10.0, args.gpus or [64, 256, 1024]
+    print(_HEADER)
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|", flush=True)
+    notes = []
+    for mix in args.mix:
+        for gpus in sizes:
+            started = time.perf_counter()
+            stores = generate(args.work, max(1, gpus // 8), args.days, interval, mix)
+            made = time.perf_counter() - started
+            rows = int(args.days * DAY / interval) * gpus
+            runs = measure(stores, engines, args.workers)
+            serial = next((r for r in runs if isinstance(r, Run) and r.engine == "serial"), None)
+            size = (mix, gpus, args.days, rows, _size_bytes(stores))
+            for run in runs:
+                if isinstance(run, Run):
+                    print(row(size, run, serial), flush=True)
+                else:
+                    notes.append(f"{mix}, {gpus:,} GPUs: {run}")
+            if not (args.no_pandas or args.scale_out):
+                duck, duck_cpu, pandas_s, pandas_cpu, _ = aggregate(stores, args.days)
+                notes.append(
+                    f"{mix}, {gpus:,} GPUs: bucket aggregation DuckDB {duck:.2f} s "
+                    f"({duck_cpu:.2f} CPU-s), pandas {pandas_s:.2f} s ({pandas_cpu:.2f} CPU-s): "
+                    f"DuckDB {pandas_s / duck:.0f}x faster in wall, "
+                    f"{pandas_cpu / duck_cpu:.0f}x in CPU"
+                )
+            print(f"  (stores generated in {made:.0f} s)", file=sys.stderr, flush=True)
+    for note in notes:
+        print(f"\n* {note}", end="")
+    print()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ partitioned GPUs of a model fit on fewer GPUs, the move and the GPUs it frees ar
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import tomllib
 from dataclasses import dataclass
@@ -57,13 +59,16 @@ class Need:
     profile: dict[str, Any] | None
 
 
+@functools.cache
+def _profiles_table() -> dict[str, Any]:
+    """The MIG profile table, read once (it was parsed again for every GPU)."""
+    return tomllib.loads(resources.files("analyzer").joinpath("data/mig_profiles.toml").read_text())
+
+
 def profiles_for(model: str | None) -> list[dict[str, Any]]:
-    table = tomllib.loads(
-        resources.files("analyzer").joinpath("data/mig_profiles.toml").read_text()
-    )
-    for entry in table["model"]:
+    for entry in _profiles_table()["model"]:
         if model and any(m.lower() in model.lower() for m in entry["match"]):
-            return list(entry["profiles"])
+            return copy.deepcopy(list(entry["profiles"]))  # the callers' own to change
     return []
 
 

@@ -10,12 +10,16 @@ leaves latency headroom.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from analyzer.classify import GpuVerdict
+from analyzer.context import Floats, column
 from analyzer.load import Bucket, FleetData, GpuInfo
 
 _POD_SUFFIX = re.compile(r"^(pod [^/]+/.+?)(-[a-z0-9]{6,10})?-[a-z0-9]{5}$")
@@ -66,29 +70,40 @@ def services(data: FleetData, verdicts: list[GpuVerdict]) -> list[Service]:
 def busy(buckets: tuple[Bucket, ...]) -> list[float | None]:
     """Each bucket's busy share of one GPU: SM activity relative to the GPU's own saturation
     (its 99th percentile) when reported in most buckets, else utilization."""
-    sm = [b.sm_active for b in buckets if b.sm_active is not None]
-    if len(sm) >= 0.9 * len(buckets) and sm:
-        ordered = sorted(sm)
-        top = ordered[min(int(0.99 * len(ordered)), len(ordered) - 1)]
+    return [None if math.isnan(x) else x for x in busy_column(buckets).tolist()]
+
+
+def busy_column(buckets: tuple[Bucket, ...]) -> Floats:
+    """:func:`busy` as a column (NaN: not reported)."""
+    sm = column(buckets, "sm_active")
+    reported = np.sort(sm[~np.isnan(sm)])
+    if len(reported) >= 0.9 * len(buckets) and len(reported):
+        top = float(reported[min(int(0.99 * len(reported)), len(reported) - 1)])
         if top > 0.05:
-            return [
-                min(b.sm_active / top, 1.0) if b.sm_active is not None else None for b in buckets
-            ]
-    return [b.util for b in buckets]
+            return np.minimum(sm / top, 1.0)
+    return column(buckets, "util")
 
 
 def demand_curve(
     data: FleetData, service: Service, target_util: float
 ) -> tuple[list[float], list[float]]:
-    """(bucket start times, demand in GPUs) for the service over the window."""
-    per_time: dict[float, float] = {}
+    """(bucket start times, demand in GPUs) for the service over the window: its GPUs' busy
+    shares summed per bucket start, GPU after GPU (the order a per-bucket loop adds them)."""
+    columns = []
     for gpu in service.gpus:
         buckets = data.buckets.get(gpu.uuid, ())
-        for b, share in zip(buckets, busy(buckets), strict=True):
-            if share is not None:
-                per_time[b.start] = per_time.get(b.start, 0.0) + share
-    times = sorted(per_time)
-    return times, [per_time[t] / target_util for t in times]
+        columns.append((column(buckets, "start"), busy_column(buckets)))
+    if not columns:
+        return [], []
+    times = np.unique(np.concatenate([starts for starts, _ in columns]))
+    total = np.zeros(len(times))
+    seen = np.zeros(len(times), dtype=np.bool_)
+    for starts, share in columns:
+        reported = ~np.isnan(share)
+        at = np.searchsorted(times, starts[reported])
+        total[at] += share[reported]
+        seen[at] = True
+    return times[seen].tolist(), (total[seen] / target_util).tolist()
 
 
 def last_held(data: FleetData, service: Service) -> float | None:

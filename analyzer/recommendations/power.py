@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analyzer.classify import class_at
+import numpy as np
+
+from analyzer.context import (
+    CLASS_CODES,
+    IDLE_CODE,
+    add_by,
+    class_codes,
+    column,
+    first_seen,
+    running_sum,
+)
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, quantile, register
 
 #: Classes whose GPUs may be capped: their work is latency- or throughput-bound below the cap.
@@ -43,23 +53,31 @@ class PowerStrategy:
         power_by_class: dict[str, list[float]] = {}
         limits: dict[str, list[float]] = {}
         points = 0
-        for v in inputs.verdicts:
-            for b in data.buckets.get(v.info.uuid, ()):
-                if b.power_watts is None:
-                    continue
-                points += 1
-                cls = class_at(v, b.start)
-                energy = b.power_watts * hours / 1000.0
-                kwh[cls] = kwh.get(cls, 0.0) + energy
-                node_kwh[v.info.node] = node_kwh.get(v.info.node, 0.0) + energy
-                if cls != "idle":
-                    held[cls] = held.get(cls, 0.0) + hours
-                    node_useful[v.info.node] = node_useful.get(v.info.node, 0.0) + hours
-                    # A power limit is set per physical GPU: a MIG instance cannot be capped.
-                    if v.info.power_limit_watts and v.info.parent_uuid is None:
-                        key = f"{cls} {v.info.model or '?'}"
-                        power_by_class.setdefault(key, []).append(b.power_watts)
-                        limits.setdefault(key, []).append(v.info.power_limit_watts)
+        for v in inputs.verdicts:  # per GPU, as columns; sums in the buckets' order
+            buckets = data.buckets.get(v.info.uuid, ())
+            power = column(buckets, "power_watts")
+            reported = ~np.isnan(power)
+            if not reported.any():
+                continue
+            watts = power[reported]
+            codes = class_codes(v, column(buckets, "start"))[reported]
+            points += len(watts)
+            energy = watts * hours / 1000.0
+            add_by(kwh, codes, energy, CLASS_CODES)
+            node_kwh[v.info.node] = running_sum(node_kwh.get(v.info.node, 0.0), energy)
+            busy = codes != IDLE_CODE
+            if not busy.any():
+                continue
+            add_by(held, codes[busy], np.full(len(codes), hours)[busy], CLASS_CODES)
+            node = v.info.node
+            node_useful[node] = running_sum(node_useful.get(node, 0.0), np.full(busy.sum(), hours))
+            # A power limit is set per physical GPU: a MIG instance cannot be capped.
+            if v.info.power_limit_watts and v.info.parent_uuid is None:
+                for code in first_seen(codes[busy]):
+                    key = f"{CLASS_CODES[code]} {v.info.model or '?'}"
+                    mine = watts[codes == code].tolist()
+                    power_by_class.setdefault(key, []).extend(mine)
+                    limits.setdefault(key, []).extend([v.info.power_limit_watts] * len(mine))
         if points < self.settings.min_points:
             return NotEnoughData(self.kind, "power is not reported (or fewer than 100 points)")
         lost = self._lost_by_class(inputs)

@@ -24,7 +24,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from analyzer.classify import class_at, cycle
+import numpy as np
+
+from analyzer.classify import cycle
+from analyzer.context import CLASS_CODES, Floats, Ints, class_codes, column
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, quantile, register
 from analyzer.recommendations.demand import demand_curve, services
 from analyzer.recommendations.reservation import DAY, WEEK, ReservationSettings, Schedule
@@ -252,15 +255,22 @@ def _with_running(rec: Recommendation, running: int, pools: dict[str, int]) -> R
 
 
 def _classes_over_time(inputs: Inputs) -> dict[float, Counter[str]]:
-    out: dict[float, Counter[str]] = {}
+    """GPUs by class at each bucket start, counted over every GPU's columns at once."""
+    starts: list[Floats] = []
+    codes: list[Ints] = []
     for v in inputs.verdicts:
-        for b in inputs.data.buckets.get(v.info.uuid, ()):
-            cls = class_at(v, b.start)
-            at = out.get(b.start)
-            if at is None:  # one Counter per bucket start, not one per GPU and bucket
-                at = out[b.start] = Counter()
-            at[cls] += 1
-    return out
+        mine = column(inputs.data.buckets.get(v.info.uuid, ()), "start")
+        starts.append(mine)
+        codes.append(class_codes(v, mine))
+    if not starts:
+        return {}
+    times, at = np.unique(np.concatenate(starts), return_inverse=True)
+    counts = np.zeros((len(times), len(CLASS_CODES)), dtype=np.int64)
+    np.add.at(counts, (at.ravel(), np.concatenate(codes)), 1)
+    return {
+        t: Counter({CLASS_CODES[c]: int(row[c]) for c in np.flatnonzero(row).tolist()})
+        for t, row in zip(times.tolist(), counts, strict=True)
+    }
 
 
 def _inference_demand(inputs: Inputs) -> dict[float, float]:
