@@ -250,9 +250,9 @@ class PoolEngine:
             raise EngineError(f"engine pool: a worker process died ({e})") from e
 
 
-#: The default engine (no ``--engine``) is the pool from this many nodes (256 GPUs of 8) and
+#: The default engine (no ``--engine``) is the pool from this many nodes (1,024 GPUs of 8) and
 #: runs in process below: measured in ``bench/fleet.py`` (README, "Past one machine").
-POOL_DEFAULT_MIN_NODES = 32
+POOL_DEFAULT_MIN_NODES = 128
 
 
 def make_engine(

@@ -417,7 +417,7 @@ EngineOption = Annotated[
     typer.Option(
         "--engine",
         help="Where loading and classifying run: serial (this process), pool (a process per "
-        "core; the default on more than one core, from 32 nodes: smaller fleets run in "
+        "core; the default on more than one core, from 128 nodes: smaller fleets run in "
         "this process) or ray (a Ray cluster: pip install "
         "'aiscope[ray]'), e.g. --engine serial, --engine ray --address auto.",
         rich_help_panel="Engine",
