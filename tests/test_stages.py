@@ -242,3 +242,26 @@ def test_engine_options_that_cannot_run_say_so_in_one_line(two_node_store: Path)
         assert result.returncode == 2, (options, result.stderr)
         assert message in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_default_pool_runs_a_small_fleet_in_process(two_node_store: Path) -> None:
+    """Without --engine, a fleet under POOL_DEFAULT_MIN_NODES nodes never starts a worker (the
+    pool's start costs more than it saves there); --engine pool starts them whatever the size.
+    Both give the in-process document."""
+    from analyzer.analysis import analyze
+    from analyzer.engine import POOL_DEFAULT_MIN_NODES, make_engine
+
+    assert POOL_DEFAULT_MIN_NODES > 2  # the store has two nodes
+    documents = []
+    for default in (True, False):
+        engine = make_engine("pool", workers=2, default=default)
+        assert isinstance(engine, PoolEngine)
+        try:
+            documents.append(analyze([str(two_node_store)], since="7d", engine=engine))
+            started = engine._pool._processes  # type: ignore[attr-defined]
+            assert bool(started) is not default, (default, started)
+        finally:
+            engine.close()
+    in_process = analyze([str(two_node_store)], since="7d")
+    for doc in documents:
+        _same(in_process, doc)
