@@ -98,6 +98,9 @@ class Segment:
     #: ``replica_group``, ``lockstep``, ``hint``) and the span's length: the combination the
     #: calibration table measured (:func:`calibration_key`).
     basis: str = ""
+    #: The period (minutes) of the span's cycle of dips (:func:`cycle`), the one figure its
+    #: evidence names and the starved detector quotes as the job's checkpoint cadence.
+    cycle_minutes: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -618,7 +621,37 @@ def cycle(buckets: list[Bucket], bucket_seconds: int) -> tuple[float, float] | N
     # The fundamental: multiples of a 45-minute checkpoint cycle peak too, and so does the
     # least common multiple with an evaluation cycle; the shortest strong peak is the cycle.
     best = min(k for k in peaks if r[k] >= 0.8 * strongest)
-    return best * bucket_seconds / 60.0, r[best]
+    return _fundamental(r, best, lo) * bucket_seconds / 60.0, r[best]
+
+
+def _fundamental(r: dict[int, float], lag: int, lo: int) -> float:
+    """The cycle's period in buckets: ``lag``, or ``lag / m`` when the dips recur at a period
+    that is not a whole number of buckets. A 45-minute checkpoint in 10-minute buckets lands 4
+    and 5 buckets after the last one in turn, so only every second one (90 minutes) is a whole
+    lag and peaks alone (issue 24: "a 90-min cycle" beside the findings' 45). A dip's pairs
+    then split between the two lags around each multiple ``j * lag / m``: above the level of
+    lags where no dips meet (the lower quartile of r), the two sum to a strong peak's. The
+    largest such ``m`` gives the fundamental."""
+    ordered = sorted(r.values())
+    base = ordered[len(ordered) // 4]
+    strong = 0.8 * (r[lag] - base)
+    for m in range(lag // lo, 1, -1):
+        period = lag / m
+        if period != int(period) and all(
+            _around(r, j * period, base) >= strong for j in range(1, m)
+        ):
+            return period
+    return float(lag)
+
+
+def _around(r: dict[int, float], lag: float, base: float) -> float:
+    """The autocorrelation above ``base`` at a lag between buckets: the sum over the two whole
+    lags around it (each holds the pairs of dips whose spacing rounds to it); at a whole lag,
+    its own."""
+    below = int(lag)
+    if below == lag:
+        return r.get(below, base) - base
+    return r.get(below, base) + r.get(below + 1, base) - 2 * base
 
 
 def _diurnal(buckets: list[Bucket], ref: PowerRef) -> float:
@@ -1255,7 +1288,7 @@ def _segment_of(
             f"{f.hours:.0f} h is under {th.daily_structure_seconds / 3600:.0f} h: no daily "
             "structure shows, and no replicas decide between serving and a session"
         )
-    return Segment(span.start, end, cls, conf, tuple(evidence), key)
+    return Segment(span.start, end, cls, conf, tuple(evidence), key, f.cycle_minutes)
 
 
 def _undecided_short(f: Features, cls: str, basis: str, th: Thresholds) -> bool:

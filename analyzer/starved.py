@@ -147,10 +147,11 @@ def evaluate(
 
 
 def _job_cadence(members: list[tuple[_Member, list[_Loss]]], bucket_seconds: int) -> float | None:
-    """The job's checkpoint cadence (minutes): the median over its GPUs of the gap between
-    their waits in collectives, when they recur regularly. One figure per job, which every GPU's
-    evidence, the owner's notice and the split's preemption quote (issue 24: 50 min in the
-    notice, 90 in the split)."""
+    """The job's checkpoint cadence (minutes), when its waits in collectives recur regularly:
+    the cycle of dips its GPUs' class evidence names (:attr:`Segment.cycle_minutes`, the most
+    common over its GPUs), else the median gap between those waits. One figure per job, which
+    every GPU's evidence, the owner's notice, the split's preemption quote and ``aiscope job``'s
+    class evidence name (issue 24: 50 min in the notice, 90 in the split and the class)."""
     periods = [
         p
         for _, losses in members
@@ -161,7 +162,24 @@ def _job_cadence(members: list[tuple[_Member, list[_Loss]]], bucket_seconds: int
         )
         is not None
     ]
-    return statistics.median(periods) if periods else None
+    if not periods:
+        return None
+    cycles = Counter(c for m, _ in members if (c := _cycle_minutes(m)) is not None)
+    if cycles:
+        return max(cycles, key=lambda c: (cycles[c], -c))
+    return statistics.median(periods)
+
+
+def _cycle_minutes(m: _Member) -> float | None:
+    """The cycle of dips classify measured on the member's GPU over the job's longest segment
+    there (the segment whose evidence ``aiscope job`` shows)."""
+    verdict = m.view.verdict
+    if verdict is None or not len(m.index):
+        return None
+    first, last = float(m.starts[0]), float(m.starts[-1])
+    inside = [s for s in verdict.segments if s.start <= last and s.end > first]
+    longest = max(inside, key=lambda s: min(s.end, last) - max(s.start, first), default=None)
+    return longest.cycle_minutes if longest is not None else None
 
 
 # -- jobs and references --------------------------------------------------------------------------

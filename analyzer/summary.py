@@ -114,12 +114,19 @@ def top_actions(
         {
             "action": action,
             "kind": kind,
-            "gpus": len({f.uuid for f in group}),
+            "gpus": len({u for f in group for u in _uuids(f)}),
             "gpu_hours": round(sum(f.gpu_hours_lost for f in group), 1),
             **({"cost": round(sum(money[id(f)] or 0.0 for f in group), 2)} if money else {}),
         }
         for (action, kind), group in ranked[:n]
     ]
+
+
+def _uuids(f: Finding) -> tuple[str, ...]:
+    """The GPUs a finding stands for: its own list where it names one (a dark node's finding
+    is about all of the node's GPUs, and its ``uuid`` is only the first's), else its GPU."""
+    listed = f.detail("uuids")
+    return tuple(listed) if listed else (f.uuid,)
 
 
 @dataclass(frozen=True, slots=True)

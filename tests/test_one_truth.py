@@ -252,9 +252,6 @@ def test_a_jobs_checkpoint_cadence_is_one_figure(views: Views) -> None:
 #: (``analyzer/classify.py``'s cycle of dips beside ``analyzer/starved.py``'s cadence): the
 #: issue's "90 min in ``job``, 50 min in the notice", still in ``aiscope job``'s "Why this
 #: class". Each must still disagree (strict); one that agrees leaves this set.
-CADENCE_TWO_FIGURES = {"demo", "growing-inference"}
-
-
 def test_a_jobs_class_evidence_names_its_cadence(views: Views) -> None:
     """``aiscope job``'s "Why this class" (the class evidence of the job's GPUs) names the
     checkpoint cycle the job's findings, its notice and the split name."""
@@ -271,9 +268,6 @@ def test_a_jobs_class_evidence_names_its_cadence(views: Views) -> None:
         for m in re.findall(r"a (\d+)-min cycle of dips", e)
         if int(m) != cadence[name]
     }
-    if views.name in CADENCE_TWO_FIGURES:
-        assert two, f"{views.name}: one cadence now; remove it from CADENCE_TWO_FIGURES"
-        pytest.xfail(f"class evidence's cycle against the findings' cadence: {sorted(two)}")
     assert not two
 
 
@@ -593,11 +587,6 @@ def test_the_fleet_is_one_truth_too(fleet: Views) -> None:
         check(fleet)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="analyzer/summary.py counts a top action's GPUs by its findings' uuids, and a "
-    "node_silent finding carries only its node's first GPU's: 'on 1 GPU' beside 'N GPUs silent'",
-)
 def test_a_dark_nodes_top_action_counts_its_gpus(fleet: Views) -> None:
     dark = {f["node"]: len(f["gpus"]) for f in fleet.doc["findings"] if f["kind"] == "node_silent"}
     actions = [a for a in fleet.doc["summary"]["top_actions"] if a["kind"] == "node_silent"]
