@@ -63,7 +63,10 @@ def gpu_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per GPU of ``doc``, in the document's order."""
     lost: dict[str, list[float]] = {}
     for f in doc["findings"]:
-        lost.setdefault(f["uuid"], []).append(f["gpu_hours_lost"])
+        # A finding about several GPUs (a dark node's, ``uuids``) lost the same time on each.
+        uuids = f.get("uuids") or [f["uuid"]]
+        for uuid in uuids:
+            lost.setdefault(uuid, []).append(f["gpu_hours_lost"] / len(uuids))
     rows = []
     for g in doc["gpus"]:
         hours = g.get("gpu_hours") or {}

@@ -79,3 +79,18 @@ def test_cli_writes_both_tables(owned_store: Path, tmp_path: Path) -> None:  # n
         "report", "--store", str(owned_store), "--out", str(tmp_path / "findings.csv")
     )
     assert bad.returncode == 2 and bad.stderr.startswith("aiscope: --out ")
+
+
+def test_a_dark_nodes_lost_hours_are_spread_over_its_gpus() -> None:
+    """A ``node_silent`` finding stands for every GPU of its node (``uuids``; its ``uuid`` is
+    the first's): each GPU's row carries its share, and the rows add up to the finding."""
+    from report.export import gpu_rows
+
+    gpus = [
+        {"node": "n7", "gpu": i, "uuid": f"GPU-{i}", "class": "idle", "confidence": 0.9}
+        for i in range(4)
+    ]
+    finding = {"kind": "node_silent", "uuid": "GPU-0", "uuids": [g["uuid"] for g in gpus]}
+    rows = gpu_rows({"gpus": gpus, "findings": [{**finding, "gpu_hours_lost": 8.0}]})
+    assert [r["gpu_hours_lost"] for r in rows] == [2.0, 2.0, 2.0, 2.0]
+    assert [r["findings"] for r in rows] == [1, 1, 1, 1]
