@@ -346,6 +346,11 @@ def test_every_error_has_one_root_and_an_exit_code() -> None:
     from store.errors import AiscopeError, BadInput
 
     found = []
+    # Not analyzer.rayengine (it defines no exception; analyzer.engine holds the engines'): it
+    # imports Ray, and Ray fixes its token-authentication mode for the whole process when it is
+    # first imported, so importing it here, before tests/raycluster.py's cluster and its
+    # RAY_AUTH_* variables exist, made every later in-process Ray client send no token.
+    skip = {"analyzer.rayengine"}
     for package in ("agent", "analyzer", "sim", "report", "aiscope"):
         root = importlib.import_module(package)
         names = [package] + [
@@ -354,6 +359,8 @@ def test_every_error_has_one_root_and_an_exit_code() -> None:
             if not m.ispkg and m.name != "__main__"
         ]
         for name in names:
+            if name in skip:
+                continue
             module = importlib.import_module(name)
             for _, cls in inspect.getmembers(module, inspect.isclass):
                 if issubclass(cls, BaseException) and cls.__module__ == name:
