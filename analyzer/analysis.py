@@ -17,7 +17,7 @@ from analyzer.owners import account
 from analyzer.prices import Accounting
 from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
-from analyzer.stages import load_classified
+from analyzer.stages import load_and_classify
 from analyzer.summary import sparkline, summarize, top_actions
 from analyzer.thresholds import Thresholds
 from analyzer.window import parse_duration, parse_window
@@ -51,7 +51,7 @@ def analyze(
     asked = parse_window(since, until)
     paths: list[Input] = inputs(stores)
     since_seconds = asked.since_seconds or 0.0
-    data, observed = load_classified(
+    data, observed = load_and_classify(
         engine, paths, since_seconds, timeout, asked.until, asked.start, thresholds, batch_size
     )
     verdicts = declared.combine(data, observed)  # declared beside observed

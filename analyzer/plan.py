@@ -45,7 +45,7 @@ from analyzer.load import FleetData, History, InputError, history, inputs
 from analyzer.queue import Pending, read_pending
 from analyzer.recommendations.placement import scale_out_waiting
 from analyzer.recommendations.reservation import ReservationSettings
-from analyzer.stages import load_classified
+from analyzer.stages import load_and_classify
 from analyzer.thresholds import Thresholds
 from analyzer.window import looks_like_time, parse_time
 from store.storefile import Input
@@ -174,7 +174,7 @@ def plan(
     hist = history(paths, since_seconds, timeout, until_ts, start_at)
     if classes is None:
         week = min(WEEK, hist.end - hist.start)
-        data, observed = load_classified(engine, paths, week, timeout, until_ts, None, thresholds)
+        data, observed = load_and_classify(engine, paths, week, timeout, until_ts, None, thresholds)
         # As the analysis classes them: behaviour, then declared intent (one truth).
         verdicts = declared.combine(data, observed)
         classes = {v.info.uuid: v.gpu_class for v in verdicts}
@@ -213,7 +213,7 @@ def _past_classes(
     for k in range(1, weeks):
         try:
             until = hist.end - k * WEEK
-            _, verdicts = load_classified(engine, paths, WEEK, timeout, until, None, thresholds)
+            _, verdicts = load_and_classify(engine, paths, WEEK, timeout, until, None, thresholds)
         except InputError:
             out.append({})
             continue

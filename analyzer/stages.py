@@ -120,7 +120,7 @@ def lockstep_reduce(
 
 
 def load_and_classify(
-    engine: Engine,
+    engine: Engine | None,
     paths: Sequence[sf.Input],
     since_seconds: float,
     timeout: float = 10.0,
@@ -130,8 +130,17 @@ def load_and_classify(
     batch_size: int | None = None,
 ) -> tuple[FleetData, list[GpuVerdict]]:
     """The fleet's data (as :func:`analyzer.load.load` gives it) and its verdicts (as
-    :func:`analyzer.classify.classify` gives them), computed in stages on ``engine``."""
+    :func:`analyzer.classify.classify` gives them), computed in stages on ``engine``.
+
+    Without an engine, or on the serial one without ``batch_size``, the fleet is one batch in
+    this process: :func:`analyzer.load.load` reads it over one connection (the inputs attached
+    once, not once to plan and again to read) and :func:`analyzer.classify.classify` runs the
+    same stage functions over it."""
     th = thresholds or Thresholds()
+    if batch_size is None and (engine is None or isinstance(engine, SerialEngine)):
+        data = load(paths, since_seconds, timeout=timeout, until=until, start_at=start_at)
+        return data, classify(data, th)
+    engine = engine if engine is not None else SerialEngine()  # batches of batch_size, here
     plan = plan_window(paths, since_seconds, timeout, until=until, start_at=start_at)
     runs = batches(plan.nodes, engine.workers, batch_size)
     small = len(plan.nodes) < engine.min_nodes  # the default pool, on a small fleet
@@ -149,23 +158,3 @@ def load_and_classify(
     edges = engine.shuffle_reduce(lockstep_map, spans, lockstep_reduce, engine.broadcast(th))
     found = [e for window in sorted(edges) for e in edges[window]]
     return data, finish(data, spans, found, th)
-
-
-def load_classified(
-    engine: Engine | None,
-    paths: Sequence[sf.Input],
-    since_seconds: float,
-    timeout: float = 10.0,
-    until: float | None = None,
-    start_at: float | None = None,
-    thresholds: Thresholds | None = None,
-    batch_size: int | None = None,
-) -> tuple[FleetData, list[GpuVerdict]]:
-    """:func:`load_and_classify` on ``engine``; without one, :func:`analyzer.load.load` and
-    :func:`analyzer.classify.classify` in this process (one batch, the same stage functions)."""
-    if engine is None:
-        data = load(paths, since_seconds, timeout=timeout, until=until, start_at=start_at)
-        return data, classify(data, thresholds)
-    return load_and_classify(
-        engine, paths, since_seconds, timeout, until, start_at, thresholds, batch_size
-    )
