@@ -17,7 +17,7 @@ from analyzer.owners import account
 from analyzer.prices import Accounting
 from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
-from analyzer.stages import load_and_classify
+from analyzer.stages import Progress, load_and_classify, no_progress
 from analyzer.summary import sparkline, summarize, top_actions
 from analyzer.thresholds import Thresholds
 from analyzer.window import parse_duration, parse_window
@@ -42,22 +42,36 @@ def analyze(
     until: str | None = None,
     engine: Engine | None = None,
     batch_size: int | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run every analysis over the window and return the contract's JSON document
     (``accounting``: teams, accounts and prices for ``owners[]`` and ``bill``; ``since`` a
     DURATION or a TIME, ``until`` a TIME: :mod:`analyzer.window`). With an ``engine``, loading
     and classifying run as stages over batches of nodes (:mod:`analyzer.stages`; ``batch_size``
-    nodes a batch, else the engine's plan); without, in this process as one batch."""
+    nodes a batch, else the engine's plan); without, in this process as one batch.
+    ``progress`` hears of each stage (:data:`analyzer.stages.Progress`)."""
+    progress = progress or no_progress
     asked = parse_window(since, until)
     paths: list[Input] = inputs(stores)
     since_seconds = asked.since_seconds or 0.0
     data, observed = load_and_classify(
-        engine, paths, since_seconds, timeout, asked.until, asked.start, thresholds, batch_size
+        engine,
+        paths,
+        since_seconds,
+        timeout,
+        asked.until,
+        asked.start,
+        thresholds,
+        batch_size,
+        progress,
     )
     verdicts = declared.combine(data, observed)  # declared beside observed
     ctx = context(data, verdicts, thresholds or Thresholds())  # one for detectors and owners
+    progress(0.65, "looking for starved GPUs, noisy neighbours and idle holds")
     results = run_detectors(ctx)
+    progress(0.8, "sizing reservations and splits")
     recommendations, skipped = run_all(data, verdicts, results.findings)
+    progress(0.9, "charging owners and summing up")
     books = account(ctx, results.findings, accounting)
     findings = []
     for f, owned in zip(results.findings, books.findings, strict=True):

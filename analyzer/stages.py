@@ -5,11 +5,13 @@ the driver merges, and what crosses between them.
 plan        the driver: the window, its interval and buckets, the nodes with data in it
             (:func:`analyzer.load.plan_window`)
 Map A       per batch of nodes: the batch's buckets, read by the task from the inputs
-            (:func:`analyzer.load.load_nodes`), and its histogram of idle power per GPU model
-Merge A     the driver: the batches' data merged in :func:`analyzer.load.load`'s order, the
-            histograms summed; the fleet's idle power per model is broadcast
-Map B       per batch: references, segments, recurrence and features of each GPU's spans
-            (:func:`analyzer.classify.map_spans`)
+            (:func:`analyzer.load.load_nodes`) and kept in its process; it returns only its
+            histogram of idle power per GPU model and its GPU count
+Merge A     the driver: the histograms summed; the fleet's idle power per model is broadcast
+Map B       per batch: the batch as Map A kept it (or read again where the task landed in
+            another process), then references, segments, recurrence and features of each
+            GPU's spans (:func:`analyzer.classify.map_spans`); the data and spans come back,
+            merged in :func:`analyzer.load.load`'s order
 Shuffle C   lockstep as a band join: held spans keyed by their start's 20-minute window, each
             also sent to the window before; a reducer compares its window's pairs
 Merge D     the driver: replicas, the decision per span, GPUs in lockstep agreeing (their
@@ -30,7 +32,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from analyzer.classify import (
@@ -49,6 +52,15 @@ from analyzer.load import FleetData, WindowPlan, load, load_nodes, merge, plan_w
 from analyzer.reference import IdleHistogram, fleet_idle, idle_histogram, merge_histograms
 from analyzer.thresholds import Thresholds
 from store import storefile as sf
+
+#: Where the analysis is: the share done (0 to 1) and what it does now ("reading 128 nodes"). The
+#: CLI draws it as a progress bar on a terminal.
+Progress = Callable[[float, str], None]
+
+
+def no_progress(fraction: float, what: str) -> None:
+    """The default :data:`Progress`: nothing shown."""
+
 
 #: A task's nodes at most when the fleet is large (issue #25: 16-64 nodes a task).
 MAX_NODES_PER_BATCH = 64
@@ -71,38 +83,66 @@ def batches(nodes: Sequence[str], workers: int, size: int | None = None) -> list
 
 @dataclass(frozen=True, slots=True)
 class LoadShared:
-    """What every Map A task reads: the plan and the thresholds (the idle test's)."""
+    """What every Map A task reads: the plan, the thresholds (the idle test's) and the run's
+    name, which keys the batches its tasks keep for Map B (:data:`_KEPT`)."""
 
     plan: WindowPlan
     thresholds: Thresholds
+    run: str
 
 
 @dataclass(frozen=True, slots=True)
-class Loaded:
-    """Map A's result: one batch's data and its idle-power histogram."""
+class Counted:
+    """Map A's result, small: one batch's idle-power histogram and how many GPUs it has (the
+    batches' first GPUs' positions in the fleet, which lockstep orders spans by)."""
 
-    data: FleetData
     idle: IdleHistogram
+    gpus: int
 
 
 @dataclass(frozen=True, slots=True)
 class SpansShared:
-    """What every Map B task reads: the thresholds and the fleet's idle power per model."""
+    """What every Map B task reads: the plan, the thresholds, the fleet's idle power per model
+    and the run's name (:class:`LoadShared`)."""
 
+    plan: WindowPlan
     thresholds: Thresholds
     idle_watts: dict[str, float]
+    run: str
 
 
-def load_batch(batch: tuple[str, ...], shared: LoadShared) -> Loaded:
-    """Map A."""
+@dataclass(frozen=True, slots=True)
+class Classified:
+    """Map B's result: one batch's data (the detectors read it on the driver) and its spans."""
+
+    data: FleetData
+    spans: BatchSpans
+
+
+#: Batches a process read in Map A and keeps for Map B, by (run, batch): a task given a batch
+#: this process read uses it instead of reading it again. The pool and Ray place tasks where
+#: they like, so a Map B task may land elsewhere and read its batch itself: the same rows, so
+#: the same data. At most :data:`KEPT_BATCHES` are kept (the oldest goes first), so a worker's
+#: memory stays two batches (up to 128 nodes) whatever the fleet.
+_KEPT: dict[tuple[str, tuple[str, ...]], FleetData] = {}
+KEPT_BATCHES = 2
+
+
+def load_batch(batch: tuple[str, ...], shared: LoadShared) -> Counted:
+    """Map A: the batch read (and kept for Map B), its histogram and GPU count returned."""
     data = load_nodes(batch, shared.plan)
-    return Loaded(data, idle_histogram(data, shared.thresholds))
+    _KEPT[(shared.run, batch)] = data
+    while len(_KEPT) > KEPT_BATCHES:
+        del _KEPT[next(iter(_KEPT))]
+    return Counted(idle_histogram(data, shared.thresholds), len(data.gpus))
 
 
-def spans_batch(item: tuple[FleetData, int], shared: SpansShared) -> BatchSpans:
-    """Map B over one batch (``item``: its data and its first GPU's position in the fleet)."""
-    data, offset = item
-    return map_spans(data, shared.thresholds, shared.idle_watts, offset)
+def spans_batch(item: tuple[tuple[str, ...], int], shared: SpansShared) -> Classified:
+    """Map B over one batch (``item``: its nodes and its first GPU's position in the fleet):
+    the batch as Map A read it here, else read again."""
+    batch, offset = item
+    data = _KEPT.pop((shared.run, batch), None) or load_nodes(batch, shared.plan)
+    return Classified(data, map_spans(data, shared.thresholds, shared.idle_watts, offset))
 
 
 def lockstep_map(
@@ -128,6 +168,7 @@ def load_and_classify(
     start_at: float | None = None,
     thresholds: Thresholds | None = None,
     batch_size: int | None = None,
+    progress: Progress = no_progress,
 ) -> tuple[FleetData, list[GpuVerdict]]:
     """The fleet's data (as :func:`analyzer.load.load` gives it) and its verdicts (as
     :func:`analyzer.classify.classify` gives them), computed in stages on ``engine``.
@@ -135,26 +176,35 @@ def load_and_classify(
     Without an engine, or on the serial one without ``batch_size``, the fleet is one batch in
     this process: :func:`analyzer.load.load` reads it over one connection (the inputs attached
     once, not once to plan and again to read) and :func:`analyzer.classify.classify` runs the
-    same stage functions over it."""
+    same stage functions over it. ``progress`` hears of each stage, to 0.65 of the analysis
+    (the detectors and recommendations take the rest)."""
     th = thresholds or Thresholds()
     if batch_size is None and (engine is None or isinstance(engine, SerialEngine)):
+        progress(0.0, "reading the stores")
         data = load(paths, since_seconds, timeout=timeout, until=until, start_at=start_at)
+        progress(0.3, f"classifying {len(data.gpus):,} GPUs")
         return data, classify(data, th)
+    progress(0.0, "planning the window")
     engine = engine if engine is not None else SerialEngine()  # batches of batch_size, here
     plan = plan_window(paths, since_seconds, timeout, until=until, start_at=start_at)
     runs = batches(plan.nodes, engine.workers, batch_size)
     small = len(plan.nodes) < engine.min_nodes  # the default pool, on a small fleet
     if (len(runs) == 1 or small) and batch_size is None:  # here, without a pool to start
         engine = SerialEngine()
-    loaded = engine.map(load_batch, runs, engine.broadcast(LoadShared(plan, th)))
-    data = merge(plan, [x.data for x in loaded])
-    idle = fleet_idle(merge_histograms(x.idle for x in loaded))
-    offsets, at = [], 0
-    for x in loaded:
-        offsets.append(at)
-        at += len(x.data.gpus)
-    items = [(x.data, offset) for x, offset in zip(loaded, offsets, strict=True)]
-    spans = engine.map(spans_batch, items, engine.broadcast(SpansShared(th, idle)))
+    where = "here" if isinstance(engine, SerialEngine) else f"on {engine.name}"
+    progress(0.05, f"reading {len(plan.nodes):,} nodes in {len(runs)} batches {where}")
+    run = uuid.uuid4().hex  # names this analysis's kept batches in every worker
+    counted = engine.map(load_batch, runs, engine.broadcast(LoadShared(plan, th, run)))
+    idle = fleet_idle(merge_histograms(x.idle for x in counted))
+    offsets = itertools.accumulate((x.gpus for x in counted), initial=0)
+    items = list(zip(runs, offsets, strict=False))  # accumulate gives one more: the total
+    shared = engine.broadcast(SpansShared(plan, th, idle, run))
+    progress(0.3, f"classifying the spans of {sum(x.gpus for x in counted):,} GPUs")
+    classified = engine.map(spans_batch, items, shared)
+    data = merge(plan, [x.data for x in classified])
+    spans = [x.spans for x in classified]
+    progress(0.55, "joining spans in lockstep")
     edges = engine.shuffle_reduce(lockstep_map, spans, lockstep_reduce, engine.broadcast(th))
     found = [e for window in sorted(edges) for e in edges[window]]
+    progress(0.6, "deciding each GPU's class")
     return data, finish(data, spans, found, th)

@@ -265,3 +265,77 @@ def test_the_default_pool_runs_a_small_fleet_in_process(two_node_store: Path) ->
     in_process = analyze([str(two_node_store)], since="7d")
     for doc in documents:
         _same(in_process, doc)
+
+
+# -- what the stages tell, and what a worker keeps ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def four_nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bench/fleet.py's first four nodes, half a day at 60 s (32 GPUs, a 16-GPU job across two)."""
+    from bench.fleet import make_store
+
+    folder = tmp_path_factory.mktemp("four-nodes")
+    for node in range(4):
+        make_store(folder / f"node-{node:04d}.duckdb", node, 0.5, 60.0)
+    return folder
+
+
+def _told(stores: Path, **engine: Any) -> list[tuple[float, str]]:
+    from analyzer.analysis import analyze
+
+    heard: list[tuple[float, str]] = []
+    analyze([str(stores)], "7d", progress=lambda f, what: heard.append((f, what)), **engine)
+    return heard
+
+
+def test_each_stage_is_told_in_order_in_process(four_nodes: Path) -> None:
+    heard = _told(four_nodes)
+    fractions = [f for f, _ in heard]
+    assert fractions == sorted(fractions) and fractions[0] >= 0.0 and fractions[-1] < 1.0
+    said = " | ".join(w for _, w in heard)
+    assert said.startswith("reading the stores | classifying 32 GPUs | looking for starved")
+    assert "sizing reservations" in said and "charging owners" in said
+
+
+def test_each_stage_is_told_in_order_on_an_engine(four_nodes: Path, pool: PoolEngine) -> None:
+    heard = _told(four_nodes, engine=pool, batch_size=1)
+    fractions = [f for f, _ in heard]
+    assert fractions == sorted(fractions)
+    said = [w for _, w in heard]
+    assert said[:5] == [
+        "planning the window",
+        "reading 4 nodes in 4 batches on pool",
+        "classifying the spans of 32 GPUs",
+        "joining spans in lockstep",
+        "deciding each GPU's class",
+    ]
+
+
+def test_a_map_b_task_reads_its_batch_again_when_this_process_did_not_keep_it(
+    four_nodes: Path,
+) -> None:
+    """Map A keeps at most KEPT_BATCHES batches per process; Map B reads an evicted (or never
+    seen) batch itself, and gets the same data."""
+    from analyzer import stages
+    from analyzer.load import inputs, plan_window
+    from analyzer.reference import fleet_idle, merge_histograms
+
+    plan = plan_window(inputs([str(four_nodes)]), 7 * 86400.0)
+    th = Thresholds()
+    runs = [(node,) for node in plan.nodes] + [(plan.nodes[0], plan.nodes[1])]
+    shared = stages.LoadShared(plan, th, "test-run")
+    counted = [stages.load_batch(batch, shared) for batch in runs]
+    assert len(stages._KEPT) == stages.KEPT_BATCHES < len(runs)  # the first batch was evicted
+    assert ("test-run", runs[0]) not in stages._KEPT
+    idle = fleet_idle(merge_histograms(c.idle for c in counted[:4]))
+    again = stages.spans_batch((runs[0], 0), stages.SpansShared(plan, th, idle, "test-run"))
+    assert len(again.data.gpus) == counted[0].gpus == 8
+    pair = runs[-1]  # read last, so kept
+    assert ("test-run", pair) in stages._KEPT
+    kept = stages.spans_batch((pair, 0), stages.SpansShared(plan, th, idle, "test-run"))
+    assert ("test-run", pair) not in stages._KEPT  # taken, not copied
+    assert len(kept.data.gpus) == counted[-1].gpus == 16
+    fresh = stages.spans_batch((pair, 0), stages.SpansShared(plan, th, idle, "other-run"))
+    assert fresh.data == kept.data and fresh.spans == kept.spans  # read again: the same
+    stages._KEPT.clear()

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import typer
 
@@ -283,7 +283,16 @@ def analysis_document(
         return doc
     with progress("analyzing") as update:
         stores = store or default_stores()
-        doc = analyze(stores, since, wait, thresholds, accounting, until, engine=engine)
+        doc = analyze(
+            stores,
+            since,
+            wait,
+            thresholds,
+            accounting,
+            until,
+            engine=engine,
+            progress=update,
+        )
         update(1.0)
     return doc
 
@@ -379,17 +388,28 @@ def check_directory_writable(directory: Path, what: str) -> None:
         raise BadInput(f"{what}: cannot write in {ancestor} ({exc.strerror})") from None
 
 
+class Update(Protocol):
+    """A progress bar's update: the share done, and optionally what is being done now."""
+
+    def __call__(self, fraction: float, what: str | None = None) -> None: ...
+
+
 @contextmanager
-def progress(label: str) -> Iterator[Callable[[float], None]]:
-    """A progress bar on a terminal; silent when stderr is piped."""
+def progress(label: str) -> Iterator[Update]:
+    """A progress bar on a terminal, ``label: what`` beside it; silent when stderr is piped."""
     if not sys.stderr.isatty():
-        yield lambda fraction: None
+        yield lambda fraction, what=None: None
         return
     from rich.progress import Progress  # noqa: PLC0415
 
     with Progress(transient=True) as bar:
         task = bar.add_task(label, total=1.0)
-        yield lambda fraction: bar.update(task, completed=fraction)
+
+        def update(fraction: float, what: str | None = None) -> None:
+            described = f"{label}: {what}" if what else label
+            bar.update(task, completed=fraction, description=described)
+
+        yield update
 
 
 def write_target(store: Path | None, command: str) -> Path:
