@@ -46,8 +46,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from analyzer import calibration, mig
 from analyzer.load import Bucket, FleetData, GpuInfo
+from analyzer.lockstep import (
+    Lockstep,
+    LockstepCandidate,
+    SpanKey,
+    merge_found,
+    window_keys,
+    window_pairs,
+)
 from analyzer.reference import PowerRef, computed, held, references
 from analyzer.thresholds import Thresholds
 from store.schema import GpuClass
@@ -240,21 +250,6 @@ class SpanRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class LockstepCandidate:
-    """A held span Shuffle C compares: ``order`` is its place in the fleet's spans sorted by
-    start (start, GPU position, span index), its series is power, else utilization, by bucket
-    start."""
-
-    span: tuple[str, int]
-    order: tuple[float, int, int]
-    start: float
-    end: float
-    memory_ratio: float | None
-    memory_gib: float | None
-    series: tuple[tuple[float, float], ...]
-
-
-@dataclass(frozen=True, slots=True)
 class BatchSpans:
     """Map B's result for one batch of nodes: every GPU's references and spans, and the held
     spans the lockstep band join needs."""
@@ -262,10 +257,6 @@ class BatchSpans:
     refs: dict[str, PowerRef]
     spans: dict[str, tuple[SpanRecord, ...]]
     candidates: tuple[LockstepCandidate, ...]
-
-
-#: A lockstep edge: the two spans (the earlier in start order first) and their correlation.
-Edge = tuple[tuple[str, int], tuple[str, int], float]
 
 
 def classify(
@@ -278,10 +269,9 @@ def classify(
     th = thresholds or Thresholds()
     batch = map_spans(data, th, idle_watts)
     grouped: dict[int, list[tuple[bool, LockstepCandidate]]] = {}
-    for window, value in lockstep_keys(batch, th):
+    for window, value in window_keys(batch.candidates, th):
         grouped.setdefault(window, []).append(value)
-    edges = [e for window, values in grouped.items() for e in lockstep_pairs(window, values, th)]
-    return finish(data, [batch], edges, th)
+    return finish(data, [batch], [window_pairs(v, th) for v in grouped.values()], th)
 
 
 def map_spans(
@@ -315,54 +305,17 @@ def map_spans(
 
 def _candidate(span: _Span, key: tuple[str, int], position: int) -> LockstepCandidate:
     f = span.features
-    series = tuple(_series(span).items())
+    series = _series(span)
+    starts = np.fromiter(series.keys(), dtype=np.float64, count=len(series))
+    values = np.fromiter(series.values(), dtype=np.float64, count=len(series))
     order = (span.start, position, key[1])
-    return LockstepCandidate(key, order, span.start, span.end, f.memory_ratio, f.memory_gib, series)
-
-
-def lockstep_keys(
-    batch: BatchSpans, th: Thresholds
-) -> list[tuple[int, tuple[bool, LockstepCandidate]]]:
-    """Shuffle C's mapper: lockstep is a band join. Each held span goes to its start's window
-    of ``lockstep_start_seconds`` (flag ``False``: its own) and to the window before (``True``:
-    it came from the next one), so that every pair starting within that long meets in exactly
-    one reducer, the earlier one's window's."""
-    width = th.lockstep_start_seconds
-    out: list[tuple[int, tuple[bool, LockstepCandidate]]] = []
-    for c in batch.candidates:
-        window = int(c.start // width)
-        out += [(window, (False, c)), (window - 1, (True, c))]
-    return out
-
-
-def lockstep_pairs(
-    window: int, values: list[tuple[bool, LockstepCandidate]], th: Thresholds
-) -> list[Edge]:
-    """Shuffle C's reducer: the lockstep edges among one window's spans (``False``: its own;
-    ``True``: the next window's): pairs that start within ``lockstep_start_seconds``, end within
-    ``lockstep_end_seconds``, share a footprint and correlate (``lockstep_min_r``), compared in
-    order of start as one sweep over the fleet would. A pair of two spans of the next window is
-    that window's reducer's to compare."""
-    del window  # every value of the window is here; the key only routed them
-    ordered = sorted(values, key=lambda v: v[1].order)
-    series = {c.span: _Series(dict(c.series)) for _, c in ordered}
-    edges: list[Edge] = []
-    for i, (next_s, s) in enumerate(ordered):
-        for next_o, o in ordered[i + 1 :]:
-            if o.start - s.start > th.lockstep_start_seconds:
-                break
-            if next_s and next_o:
-                continue
-            if abs(o.end - s.end) > th.lockstep_end_seconds or not _same_footprint(s, o):
-                continue
-            r = series[s.span].r(series[o.span])
-            if r >= th.lockstep_min_r:
-                edges.append((s.span, o.span, r))
-    return edges
+    return LockstepCandidate(
+        key, order, span.start, span.end, f.memory_ratio, f.memory_gib, starts, values
+    )
 
 
 def finish(
-    data: FleetData, batches: list[BatchSpans], edges: list[Edge], th: Thresholds
+    data: FleetData, batches: list[BatchSpans], found: list[Lockstep], th: Thresholds
 ) -> list[GpuVerdict]:
     """The driver's steps over the whole fleet: spans rebuilt from their records, replicas, the
     decision per span, Merge D (GPUs in lockstep, components of the edges, agree), and each
@@ -376,12 +329,11 @@ def finish(
             _Span(gpu, refs[gpu.uuid], buckets[r.lo : r.hi], r.occupied, r.plateau, r.features)
             for r in records[gpu.uuid]
         ]
-    found = {(a, b): r for a, b, r in edges}  # a pair two reducers found counts once
-    for (a, b), r in found.items():
-        s, o = spans[a[0]][a[1]], spans[b[0]][b[1]]
-        s.peer_r, o.peer_r = max(s.peer_r, r), max(o.peer_r, r)
+    best, links = merge_found(found)  # every reducer's: the max r, the union of forests
+    for (uuid, i), r in best.items():
+        spans[uuid][i].peer_r = max(spans[uuid][i].peer_r, r)
     position = {uuid: i for i, uuid in enumerate(spans)}
-    groups = lockstep_groups(found, lambda k: (position[k[0]], k[1]))
+    groups = lockstep_groups(links, lambda k: (position[k[0]], k[1]))
     _replicas([s for group in spans.values() for s in group], th, data.bucket_seconds)
     decided: dict[int, Decision] = {}
     for group in spans.values():
@@ -714,50 +666,9 @@ def pearson(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / math.sqrt(vx * vy)
 
 
-def _same_footprint(fa: LockstepCandidate, fb: LockstepCandidate) -> bool:
-    if fa.memory_ratio is not None and fb.memory_ratio is not None:
-        return abs(fa.memory_ratio - fb.memory_ratio) <= 0.1
-    if fa.memory_gib is not None and fb.memory_gib is not None:
-        return abs(fa.memory_gib - fb.memory_gib) <= 0.1 * max(fa.memory_gib, fb.memory_gib, 1.0)
-    return True
-
-
 def _series(span: _Span) -> dict[float, float]:
     use_power = all(x.power_watts is not None for x in span.buckets[:5])
     return {x.start: (x.power_watts if use_power else x.util) or 0.0 for x in span.buckets}
-
-
-class _Series:
-    """A span's series, centred once: spans over the same buckets (ranks of one job, spans
-    cut by the window's start) are compared with one dot product, as :func:`pearson` would
-    compute it term for term; others through :func:`_aligned_r`."""
-
-    __slots__ = ("by_start", "centred", "energy", "keys")
-
-    def __init__(self, by_start: dict[float, float]) -> None:
-        self.by_start = by_start
-        self.keys = tuple(sorted(by_start))
-        values = [by_start[k] for k in self.keys]
-        mean = statistics.fmean(values) if len(values) >= 3 else 0.0
-        self.centred = [v - mean for v in values]
-        self.energy = sum(c * c for c in self.centred)
-
-    def r(self, other: _Series) -> float:
-        if self.keys != other.keys:
-            return _aligned_r(self.by_start, other.by_start)
-        if len(self.keys) < 12:
-            return 0.0
-        if self.energy <= 1e-12 or other.energy <= 1e-12:
-            return 0.0
-        covariance: float = sum(map(operator.mul, self.centred, other.centred))
-        return covariance / math.sqrt(self.energy * other.energy)
-
-
-def _aligned_r(a: dict[float, float], b: dict[float, float]) -> float:
-    keys = sorted(set(a) & set(b))
-    if len(keys) < 12:
-        return 0.0
-    return pearson([a[k] for k in keys], [b[k] for k in keys])
 
 
 #: Each span is compared with at most this many others of the nearest footprints: a few
@@ -1201,9 +1112,6 @@ RULES = (
     _sessions,
     _bounded,
 )
-
-
-SpanKey = tuple[str, int]
 
 
 def lockstep_groups(

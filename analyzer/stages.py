@@ -36,19 +36,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from analyzer.classify import (
-    BatchSpans,
-    Edge,
-    GpuVerdict,
-    LockstepCandidate,
-    classify,
-    finish,
-    lockstep_keys,
-    lockstep_pairs,
-    map_spans,
-)
+from analyzer.classify import BatchSpans, GpuVerdict, classify, finish, map_spans
 from analyzer.engine import Engine, SerialEngine
 from analyzer.load import FleetData, WindowPlan, load, load_nodes, merge, plan_window
+from analyzer.lockstep import Lockstep, LockstepCandidate, window_keys, window_pairs
 from analyzer.reference import IdleHistogram, fleet_idle, idle_histogram, merge_histograms
 from analyzer.thresholds import Thresholds
 from store import storefile as sf
@@ -148,15 +139,16 @@ def spans_batch(item: tuple[tuple[str, ...], int], shared: SpansShared) -> Class
 def lockstep_map(
     batch: BatchSpans, th: Thresholds
 ) -> list[tuple[int, tuple[bool, LockstepCandidate]]]:
-    """Shuffle C's mapper (:func:`analyzer.classify.lockstep_keys`)."""
-    return lockstep_keys(batch, th)
+    """Shuffle C's mapper (:func:`analyzer.lockstep.window_keys`)."""
+    return window_keys(batch.candidates, th)
 
 
 def lockstep_reduce(
     window: int, values: list[tuple[bool, LockstepCandidate]], th: Thresholds
-) -> list[Edge]:
-    """Shuffle C's reducer (:func:`analyzer.classify.lockstep_pairs`)."""
-    return lockstep_pairs(window, values, th)
+) -> Lockstep:
+    """Shuffle C's reducer (:func:`analyzer.lockstep.window_pairs`)."""
+    del window  # every value of the window is here; the key only routed them
+    return window_pairs(values, th)
 
 
 def load_and_classify(
@@ -205,6 +197,6 @@ def load_and_classify(
     spans = [x.spans for x in classified]
     progress(0.55, "joining spans in lockstep")
     edges = engine.shuffle_reduce(lockstep_map, spans, lockstep_reduce, engine.broadcast(th))
-    found = [e for window in sorted(edges) for e in edges[window]]
+    found = [edges[window] for window in sorted(edges)]
     progress(0.6, "deciding each GPU's class")
     return data, finish(data, spans, found, th)

@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from analyzer.classify import BatchSpans, Edge, LockstepCandidate
+from analyzer.classify import BatchSpans, lockstep_groups
 from analyzer.engine import PoolEngine, SerialEngine
 from analyzer.load import Bucket, FleetData, GpuInfo
+from analyzer.lockstep import Lockstep, LockstepCandidate, merge_found, window_keys, window_pairs
 from analyzer.reference import IDLE_BINS_PER_WATT, fleet_idle, idle_histogram
 from analyzer.stages import batches, lockstep_map, lockstep_reduce
 from analyzer.thresholds import Thresholds
@@ -98,19 +100,25 @@ def test_a_generated_fleet_is_one_document_on_every_engine(
 def _candidate(
     uuid: str, position: int, start: float, series: list[float], step: float = 300.0
 ) -> LockstepCandidate:
-    points = tuple((start + i * step, v) for i, v in enumerate(series))
-    end = points[-1][0]
-    return LockstepCandidate((uuid, 0), (start, position, 0), start, end, 0.5, 40.0, points)
+    starts = start + step * np.arange(len(series), dtype=np.float64)
+    values = np.array(series, dtype=np.float64)
+    end = float(starts[-1])
+    return LockstepCandidate((uuid, 0), (start, position, 0), start, end, 0.5, 40.0, starts, values)
 
 
-def _edges(groups: list[list[LockstepCandidate]]) -> set[tuple[str, str]]:
+def _found(groups: list[list[LockstepCandidate]]) -> tuple[dict[str, float], set[frozenset[str]]]:
+    """Shuffle C over ``groups`` (a batch each): each span's best r, and the components."""
     items = [BatchSpans({}, {}, tuple(g)) for g in groups]
     th = Thresholds()
     engine = SerialEngine()
-    found: dict[int, list[Edge]] = engine.shuffle_reduce(
+    found: dict[int, Lockstep] = engine.shuffle_reduce(
         lockstep_map, items, lockstep_reduce, engine.broadcast(th)
     )
-    return {(a[0], b[0]) for edges in found.values() for a, b, _ in edges}
+    best, links = merge_found(found[w] for w in sorted(found))
+    grouped = lockstep_groups(links, lambda k: (0, k[1]))
+    return {k[0]: r for k, r in best.items()}, {
+        frozenset(u for u, _ in g) for g in grouped.values()
+    }
 
 
 def _wave(n: int, phase: float = 0.0) -> list[float]:
@@ -123,9 +131,9 @@ def test_a_job_on_two_nodes_is_in_lockstep_across_batches() -> None:
         [_candidate(f"node{n}-gpu{g}", n * 8 + g, start, _wave(48)) for g in range(8)]
         for n in range(2)
     ]
-    edges = _edges(nodes)
-    assert len(edges) == 16 * 15 // 2  # every pair once, none found by two reducers
-    assert ("node0-gpu0", "node1-gpu7") in edges
+    best, components = _found(nodes)
+    assert components == {frozenset(c.span[0] for node in nodes for c in node)}  # one job of 16
+    assert len(best) == 16 and min(best.values()) > 0.999
 
 
 def test_a_span_19_minutes_later_in_the_next_window_is_still_compared() -> None:
@@ -136,8 +144,8 @@ def test_a_span_19_minutes_later_in_the_next_window_is_still_compared() -> None:
     late = _candidate("b", 1, first + 19 * 60, series, step=60.0)
     too_late = _candidate("c", 2, first + 21 * 60, series, step=60.0)
     assert int(late.start // width) == int(early.start // width) + 1
-    assert _edges([[early], [late]]) == {("a", "b")}
-    assert ("a", "c") not in _edges([[early], [too_late]])
+    assert _found([[early], [late]])[1] == {frozenset({"a", "b"})}
+    assert _found([[early], [too_late]]) == ({}, set())
 
 
 # -- Merge A's idle histogram ---------------------------------------------------------------------
@@ -337,5 +345,120 @@ def test_a_map_b_task_reads_its_batch_again_when_this_process_did_not_keep_it(
     assert ("test-run", pair) not in stages._KEPT  # taken, not copied
     assert len(kept.data.gpus) == counted[-1].gpus == 16
     fresh = stages.spans_batch((pair, 0), stages.SpansShared(plan, th, idle, "other-run"))
-    assert fresh.data == kept.data and fresh.spans == kept.spans  # read again: the same
+    assert fresh.data == kept.data  # read again: the same
+    assert fresh.spans.spans == kept.spans.spans and fresh.spans.refs == kept.spans.refs
+    pairs = zip(fresh.spans.candidates, kept.spans.candidates, strict=True)
+    assert all((a.values == b.values).all() and a.span == b.span for a, b in pairs)
     stages._KEPT.clear()
+
+
+# -- the reducer against the sweep it replaced ----------------------------------------------------
+
+
+def _sweep(
+    values: list[tuple[bool, LockstepCandidate]], th: Thresholds
+) -> list[tuple[tuple[str, int], tuple[str, int], float]]:
+    """Last round's reducer, pair by pair in pure Python: every edge of the window."""
+    ordered = sorted(values, key=lambda v: v[1].order)
+    edges = []
+    for i, (next_s, s) in enumerate(ordered):
+        for next_o, o in ordered[i + 1 :]:
+            if o.start - s.start > th.lockstep_start_seconds:
+                break
+            if (next_s and next_o) or abs(o.end - s.end) > th.lockstep_end_seconds:
+                continue
+            if not _alike_footprints(s, o):
+                continue
+            a = dict(zip(s.starts.tolist(), s.values.tolist(), strict=True))
+            b = dict(zip(o.starts.tolist(), o.values.tolist(), strict=True))
+            keys = sorted(a.keys() & b.keys())
+            r = _pearson([a[k] for k in keys], [b[k] for k in keys]) if len(keys) >= 12 else 0.0
+            if r >= th.lockstep_min_r:
+                edges.append((s.span, o.span, r))
+    return edges
+
+
+def _alike_footprints(a: LockstepCandidate, b: LockstepCandidate) -> bool:
+    if a.memory_ratio is not None and b.memory_ratio is not None:
+        return abs(a.memory_ratio - b.memory_ratio) <= 0.1
+    if a.memory_gib is not None and b.memory_gib is not None:
+        return abs(a.memory_gib - b.memory_gib) <= 0.1 * max(a.memory_gib, b.memory_gib, 1.0)
+    return True
+
+
+def _pearson(xs: list[float], ys: list[float]) -> float:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    vx = sum((x - mx) ** 2 for x in xs)
+    vy = sum((y - my) ** 2 for y in ys)
+    if vx <= 1e-12 or vy <= 1e-12:
+        return 0.0
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / math.sqrt(vx * vy)
+
+
+def _mixed_window(rng: random.Random, n: int) -> list[LockstepCandidate]:
+    """Jobs of a few shapes starting within minutes: shared and shifted bucket grids, short
+    spans, flat series, unknown footprints, two memory sizes, unrelated noise."""
+    base = 1_790_000_000.0 - 1_790_000_000.0 % 1200.0
+    out = []
+    for i in range(n):
+        job = rng.randrange(5)
+        start = base + [0.0, 0.0, 300.0, 600.0, 900.0][job]
+        length = [60, 60, 48, 10, 70][job]
+        phase = [0.0, 0.0, math.pi, 0.0, 2.0][job]
+        wave = [
+            300.0
+            + 200.0 * math.sin(k / 3.0 + phase)
+            + rng.gauss(0.0, [5.0, 5.0, 30.0, 5.0, 400.0][job])
+            for k in range(length)
+        ]
+        if rng.random() < 0.05:
+            wave = [250.0] * length  # flat: r 0 with everything
+        ratio = None if rng.random() < 0.2 else [0.5, 0.55, 0.9, 0.5, 0.3][job]
+        gib = None if rng.random() < 0.2 else 80.0 * (ratio or 0.5)
+        starts = start + 300.0 * np.arange(length, dtype=np.float64)
+        key, order, end = (f"gpu-{i}", 0), (start, i, 0), float(starts[-1])
+        values = np.array(wave, dtype=np.float64)
+        out.append(LockstepCandidate(key, order, start, end, ratio, gib, starts, values))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_block_reducer_finds_what_the_pairwise_sweep_found(seed: int) -> None:
+    """Best r per span (to 1e-9) and components equal the sweep's edges', on a window of
+    mixed jobs, with some spans sent from the next window."""
+    rng = random.Random(seed)
+    th = Thresholds()
+    spans = _mixed_window(rng, 120)
+    values = [(rng.random() < 0.3, c) for c in spans]
+    edges = _sweep(values, th)
+    assert len(edges) > 200, "the window has lockstep pairs to find"
+    found = window_pairs(values, th)
+    best: dict[tuple[str, int], float] = {}
+    for a, b, r in edges:
+        best[a], best[b] = max(best.get(a, r), r), max(best.get(b, r), r)
+    assert found.best.keys() == best.keys()
+    for key, r in best.items():
+        assert math.isclose(found.best[key], r, rel_tol=1e-9, abs_tol=1e-12), key
+    mine = lockstep_groups(found.links, lambda k: (int(k[0][4:]), 0))
+    theirs = lockstep_groups([(a, b) for a, b, _ in edges], lambda k: (int(k[0][4:]), 0))
+    assert mine == theirs
+    assert len({tuple(g) for g in theirs.values()}) >= 2  # more than one component
+
+
+def test_one_job_of_many_gpus_is_one_group_in_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's ranks share their buckets: one group, compared in several row blocks; every
+    rank in one component, each with its best r, and a forest (n - 1 links), not n^2 edges."""
+    from analyzer import lockstep
+
+    monkeypatch.setattr(lockstep, "BLOCK_ROWS", 7)
+    rng = random.Random(9)
+    start = 1_790_000_000.0
+    ranks = [
+        _candidate(f"gpu-{i}", i, start, [v + rng.gauss(0.0, 3.0) for v in _wave(40)])
+        for i in range(50)
+    ]
+    found = window_pairs([(False, c) for c in ranks], Thresholds())
+    assert len(found.best) == 50 and min(found.best.values()) > 0.9
+    assert len(found.links) == 49
+    assert {root for root, _ in found.links} == {("gpu-0", 0)}
+    assert window_keys(ranks[:1], Thresholds())[0][0] == int(start // 1200.0)
