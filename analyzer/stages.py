@@ -13,15 +13,18 @@ Map B       per batch: the batch as Map A kept it (or read again where the task 
             GPU's spans (:func:`analyzer.classify.map_spans`); the data and spans come back,
             merged in :func:`analyzer.load.load`'s order
 Shuffle C   lockstep as a band join: held spans keyed by their start's 20-minute window, each
-            also sent to the window before; a reducer compares its window's pairs
-Merge D     the driver: replicas, the decision per span, GPUs in lockstep agreeing (their
-            components), each GPU's verdict (:func:`analyzer.classify.finish`)
+            also sent to the window before; a reducer compares its window's spans in groups
+            that share their buckets, as matrix products (:mod:`analyzer.lockstep`), and
+            returns each span's best r and a spanning forest of its components
+Merge D     the driver: replicas, the decision per span, GPUs in lockstep agreeing (the
+            components of the reducers' forests), each GPU's verdict
+            (:func:`analyzer.classify.finish`)
 ==========  ==================================================================================
 
-Shuffle C is keyed by the start window only, not yet sub-keyed by memory footprint as the issue
-sketches: the footprint test (memory ratios within 0.1, else GiB within 10%, else any) does not
-bin into one key without copies to the neighbouring bins, so a job that starts 10,000 GPUs at
-once still loads one reducer.
+Shuffle C is keyed by the start window only, not sub-keyed by memory footprint as the issue
+sketches: one job's ranks hold the same footprint, so footprint bins would not split the one
+reducer a job of 10,000 GPUs lands in; comparing its ranks as one group in blocks of rows does
+(1,024 ranks 166x faster than pair by pair; ``bench/lockstep.py``).
 
 Stage functions are module-level and their arguments frozen records, so that every engine
 (:mod:`analyzer.engine`) can send them to another process or machine. Serial, pool and Ray give
