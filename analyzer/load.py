@@ -9,13 +9,14 @@ the length of the aggregation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import itertools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import duckdb
 
@@ -35,6 +36,7 @@ from store.schema import (
 )
 
 BUCKET_SECONDS = 300
+T = TypeVar("T", bound=tuple[Any, ...])
 
 # The columns this module's SQL reads, checked against the schema when it is imported.
 sf.require_columns(
@@ -127,9 +129,10 @@ class GpuInfo:
     gpu_instance_id: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class HostBucket:
-    """One node over one bucket: means of the host counters; ``None`` when not reported."""
+class HostBucket(NamedTuple):
+    """One node over one bucket: means of the host counters; ``None`` when not reported.
+
+    A tuple, as :class:`Bucket` is, and for the same reason: a fleet's week is millions."""
 
     start: float
     cpu_busy_ratio: float | None
@@ -154,9 +157,8 @@ class Tenant:
     slurm_job_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TenantBucket:
-    """One tenant on one GPU over one bucket."""
+class TenantBucket(NamedTuple):
+    """One tenant on one GPU over one bucket (a tuple, as :class:`Bucket` is)."""
 
     start: float
     tenant: str
@@ -164,8 +166,9 @@ class TenantBucket:
     sm_util: float | None  # the process's own SM utilization from NVML, when reported
 
 
-@dataclass(frozen=True, slots=True)
-class CgroupBucket:
+class CgroupBucket(NamedTuple):
+    """One cgroup of a node over one bucket (a tuple, as :class:`Bucket` is)."""
+
     start: float
     cpu_cores: float | None
     cpu_limit_cores: float | None
@@ -194,6 +197,38 @@ class FleetData:
     #: What the window leaves out: each input's newest GPU sample, each node's, and the
     #: oldest sample of all (:class:`Reach`).
     reach: Reach | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with its per-bucket records as plain tuples, rebuilt on the other side: a
+        NamedTuple pickles through ``copyreg``'s Python-level reduce, one call per bucket,
+        which made sending a batch between processes (the pool and Ray engines) cost as much
+        as loading it (16 nodes of 8 GPUs for a week: 2.3-3 CPU-s and 31 MiB each way)."""
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in _BUCKETED:
+            state[name] = {k: tuple(map(tuple, v)) for k, v in state[name].items()}
+        return (_unpickle_fleet, (state,))
+
+
+#: FleetData's fields of per-bucket records, and the record of each.
+_BUCKETED: dict[str, type[tuple[Any, ...]]] = {
+    "buckets": Bucket,
+    "hosts": HostBucket,
+    "tenancy": TenantBucket,
+    "cgroups": CgroupBucket,
+}
+
+
+def _unpickle_fleet(state: dict[str, Any]) -> FleetData:
+    """:meth:`FleetData.__reduce__`'s inverse: the plain tuples as records again."""
+    for name, record in _BUCKETED.items():
+        state[name] = {k: as_records(record, v) for k, v in state[name].items()}
+    return FleetData(**state)
+
+
+def as_records(record: type[T], rows: Iterable[tuple[Any, ...]]) -> tuple[T, ...]:
+    """``rows`` (tuples in the record's field order) as NamedTuple records, built in C:
+    ``record(*row)`` runs the NamedTuple's Python ``__new__`` once per row."""
+    return tuple(map(functools.partial(tuple.__new__, record), rows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -869,13 +904,15 @@ def _fetch(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetData:
             ).fetchall()
         ]
     )
-    raw: dict[str, list[Bucket]] = {g.uuid: [] for g in every}
-    for row in _rows(
+    raw: dict[str, tuple[Bucket, ...]] = {g.uuid: () for g in every}
+    for (uuid,), records in _runs(
         con,
-        "SELECT uuid, start, samples, ups, util, util_max, util_min, mem, mem_max, power, sm, "
+        Bucket,
+        "SELECT uuid, count(*) FROM buckets GROUP BY uuid ORDER BY uuid",
+        "SELECT start, samples, ups, util, util_max, util_min, mem, mem_max, power, sm, "
         "nvlink, tensor, clock, throttled FROM buckets ORDER BY uuid, start",
     ):
-        raw[row[0]].append(Bucket(*row[1:]))
+        raw[uuid] = records
     # MIG: instances are the GPUs; a partitioned parent only lends its power (analyzer.mig).
     folded, buckets = mig.fold(every, raw)
     gpus = tuple(folded)
@@ -898,6 +935,18 @@ def _fetch(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetData:
         sample_interval_seconds=plan.sample_interval_seconds,
         declarations=_fetch_declarations(con),
     )
+
+
+def _runs(
+    con: duckdb.DuckDBPyConnection, record: type[T], keys_sql: str, rows_sql: str
+) -> list[tuple[tuple[Any, ...], tuple[T, ...]]]:
+    """(key, records) per key: ``keys_sql`` gives each key's columns and then its number of
+    rows, in the order ``rows_sql`` gives the rows (the record's fields, no key), so each
+    key's records are the next run of rows, built without a Python call per row
+    (:func:`as_records`)."""
+    keys = con.execute(keys_sql).fetchall()  # before the rows' cursor: one query at a time
+    rows = _rows(con, rows_sql)
+    return [(tuple(key), as_records(record, itertools.islice(rows, n))) for *key, n in keys]
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> Iterator[tuple[Any, ...]]:
@@ -940,25 +989,26 @@ def _distinct_indexes(gpus: list[GpuInfo]) -> tuple[GpuInfo, ...]:
 
 
 def _fetch_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[HostBucket, ...]]:
-    hosts: dict[str, list[HostBucket]] = {}
-    for node, *row in _rows(
+    runs = _runs(
         con,
-        "SELECT h.node, h.start, busy, iowait, psi_cpu, psi_io, disk_read, cpus, n.ib, n.nic "
+        HostBucket,
+        "SELECT node, count(*) FROM host GROUP BY node ORDER BY node",
+        "SELECT h.start, busy, iowait, psi_cpu, psi_io, disk_read, cpus, n.ib, n.nic "
         "FROM host h LEFT JOIN net n USING (node, start) ORDER BY h.node, h.start",
-    ):
-        hosts.setdefault(node, []).append(HostBucket(*row))
-    return {k: tuple(v) for k, v in hosts.items()}
+    )
+    return {node: hosts for (node,), hosts in runs}
 
 
 def _fetch_cgroups(
     con: duckdb.DuckDBPyConnection,
 ) -> dict[tuple[str, str], tuple[CgroupBucket, ...]]:
-    out: dict[tuple[str, str], list[CgroupBucket]] = {}
-    for node, cgroup, *row in con.execute(
-        "SELECT node, cgroup, start, cores, lim FROM cg ORDER BY node, cgroup, start"
-    ).fetchall():
-        out.setdefault((node, cgroup), []).append(CgroupBucket(*row))
-    return {k: tuple(v) for k, v in out.items()}
+    runs = _runs(
+        con,
+        CgroupBucket,
+        "SELECT node, cgroup, count(*) FROM cg GROUP BY ALL ORDER BY node, cgroup",
+        "SELECT start, cores, lim FROM cg ORDER BY node, cgroup, start",
+    )
+    return {(node, cgroup): cgroups for (node, cgroup), cgroups in runs}
 
 
 def _fetch_tenancy(
@@ -975,12 +1025,17 @@ def _fetch_tenancy(
         ).fetchall()
     }
     names = {name: name for name in tenants}
-    tenancy: dict[str, list[TenantBucket]] = {}
-    for uuid, name, start, mem, sm in _rows(
-        con, "SELECT uuid, tenant, start, mem, sm FROM tenancy ORDER BY uuid, start, tenant"
-    ):
-        tenancy.setdefault(uuid, []).append(TenantBucket(start, names[name], mem, sm))
-    return tenants, {k: tuple(v) for k, v in tenancy.items()}
+    tenancy = _runs(
+        con,
+        TenantBucket,
+        "SELECT uuid, count(*) FROM tenancy GROUP BY uuid ORDER BY uuid",
+        "SELECT start, tenant, mem, sm FROM tenancy ORDER BY uuid, start, tenant",
+    )
+    # One string object per tenant name, not one per bucket (memory, and pickle's size).
+    return tenants, {
+        uuid: as_records(TenantBucket, ((s, names[t], m, u) for s, t, m, u in present))
+        for (uuid,), present in tenancy
+    }
 
 
 # -- one workload's holdings and usage (``aiscope job``) ------------------------------------------
