@@ -391,7 +391,8 @@ def plan_window(
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         days = since_seconds if until is None and start_at is None else None
-        aliases = sf.attach_inputs(con, list(paths), timeout, days)
+        # The plan reads samples only: no keyed table (devices, processes, pods) is presented.
+        aliases = sf.attach_inputs(con, list(paths), timeout, days, keyed=False)
         plan = _plan_on(
             con, paths, aliases, since_seconds, timeout, days, bucket_seconds, until, start_at
         )
@@ -418,6 +419,8 @@ def _plan_on(
     start_at: float | None,
 ) -> WindowPlan:
     con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
+    limit = believable_limit(con, "SELECT ts FROM g")
+    _gpu_extents(con, limit)
     first, newest, ignored = _window_end(con, paths)
     newest = newest if until is None else min(newest, until)
     if start_at is not None:
@@ -430,7 +433,7 @@ def _plan_on(
     interval = _interval(con, max(newest - since_seconds, first), newest)
     bucket = bucket_seconds or bucket_for(min(since_seconds, newest - first + 1.0), interval)
     start, end = whole_buckets(first, newest, since_seconds, bucket, until, start_at)
-    reach = _reach(con, paths, aliases, first)
+    reach = _reach(con, paths, aliases, first, limit)
     return WindowPlan(tuple(paths), timeout, days, start, end, bucket, interval, ignored, reach)
 
 
@@ -612,11 +615,30 @@ def sf_iso(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _gpu_extents(con: duckdb.DuckDBPyConnection, limit: float) -> None:
+    """The temp table ``extents``: per (node, uuid, gpu_index) of the view ``g``, its samples,
+    its first and newest before 2100, its newest believable one (before ``limit``,
+    :func:`believable_limit`), and the samples past ``limit`` and past 2100. The plan's
+    questions (the window's ends, the fleet's reach, the first GPU) are then asked of a few
+    hundred rows: one scan of the samples instead of one per question."""
+    con.execute(
+        "CREATE TEMP TABLE extents AS SELECT node, uuid, gpu_index, count(*) AS n, "
+        "min(ts) FILTER (WHERE ts <= $h) AS first, max(ts) FILTER (WHERE ts <= $h) AS newest, "
+        "max(ts) FILTER (WHERE ts <= $l) AS believable, count(*) FILTER (WHERE ts > $l) AS ahead, "
+        "count(*) FILTER (WHERE ts > $h) AS absurd FROM g GROUP BY ALL",
+        {"l": limit, "h": sf.LATEST_TS},
+    )
+
+
 def _reach(
-    con: duckdb.DuckDBPyConnection, paths: Sequence[sf.Input], aliases: list[str], first: float
+    con: duckdb.DuckDBPyConnection,
+    paths: Sequence[sf.Input],
+    aliases: list[str],
+    first: float,
+    believable: float,
 ) -> Reach:
     """Each input's and each node's newest believable GPU sample (and a node's GPUs)."""
-    limit = {"l": believable_limit(con, "SELECT ts FROM g")}
+    limit = {"l": believable}
     newest: list[tuple[str, float | None]] = []
     for path, alias in zip(paths, aliases[: len(paths)], strict=True):  # then the fleet alias
         # A node store as attached (``r_…``), not its view: the view leaves out the rows its
@@ -628,9 +650,8 @@ def _reach(
         newest.append((str(path), None if row is None or row[0] is None else float(row[0])))
     nodes: dict[str, tuple[float, tuple[tuple[int, str], ...]]] = {}
     for node, ts, gpus in con.execute(
-        "SELECT node, max(ts), list(DISTINCT [coalesce(gpu_index, -1)::VARCHAR, uuid]) "
-        "FROM g WHERE ts <= $l GROUP BY node ORDER BY node",
-        limit,
+        "SELECT node, max(believable), list(DISTINCT [coalesce(gpu_index, -1)::VARCHAR, uuid]) "
+        "FROM extents WHERE believable IS NOT NULL GROUP BY node ORDER BY node"
     ).fetchall():
         nodes[str(node)] = (float(ts), tuple(sorted((int(i), str(u)) for i, u in gpus)))
     return Reach(tuple(newest), nodes, first)
@@ -680,12 +701,10 @@ def _window_end(
     itself and hide everything real, so they are left out (and counted). When every sample is
     that far ahead, it is this machine's clock that is behind (or the store is a simulation of
     days to come): the window then ends at the newest. Samples after 2100
-    (:data:`store.storefile.LATEST_TS`) are never believed."""
+    (:data:`store.storefile.LATEST_TS`) are never believed. Read from :func:`_gpu_extents`."""
     row = con.execute(
-        "SELECT count(*), min(ts) FILTER (WHERE ts <= $h), max(ts) FILTER (WHERE ts <= $h), "
-        "max(ts) FILTER (WHERE ts <= $l), count(*) FILTER (WHERE ts > $l), "
-        "count(*) FILTER (WHERE ts > $h) FROM g",
-        {"l": believable_limit(con, "SELECT ts FROM g"), "h": sf.LATEST_TS},
+        "SELECT sum(n), min(first), max(newest), max(believable), sum(ahead), sum(absurd) "
+        "FROM extents"
     ).fetchone()
     if row is None or not row[0]:
         raise EmptyStore(f"{paths[0]}: the store has no GPU samples yet")
@@ -876,11 +895,17 @@ def _interval(con: duckdb.DuckDBPyConnection, start: float, end: float) -> float
     """The typical time between samples of one GPU (over the window's last day at most)."""
     row = con.execute(
         "SELECT median(d) FROM (SELECT ts - lag(ts) OVER (ORDER BY ts) AS d FROM g "
-        "WHERE uuid = (SELECT min(uuid) FROM g) AND ts > greatest($s, $e - 86400) "
-        "AND ts <= $e) WHERE d > 0",
-        {"s": start, "e": end},
+        "WHERE uuid = $u AND ts > greatest($s, $e - 86400) AND ts <= $e) WHERE d > 0",
+        {"s": start, "e": end, "u": _first_uuid(con)},
     ).fetchone()
     return None if row is None or row[0] is None else float(row[0])
+
+
+def _first_uuid(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The first GPU uuid of the view ``g`` (text order), from :func:`_gpu_extents`: a value,
+    so that :func:`_interval`'s filter can skip the other GPUs' row groups."""
+    row = con.execute("SELECT min(uuid) FROM extents").fetchone()
+    return None if row is None or row[0] is None else str(row[0])
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetData:
