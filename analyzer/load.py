@@ -8,8 +8,10 @@ the length of the aggregation.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import glob
 import itertools
 import logging
@@ -220,8 +222,9 @@ _BUCKETED: dict[str, type[tuple[Any, ...]]] = {
 
 def _unpickle_fleet(state: dict[str, Any]) -> FleetData:
     """:meth:`FleetData.__reduce__`'s inverse: the plain tuples as records again."""
-    for name, record in _BUCKETED.items():
-        state[name] = {k: as_records(record, v) for k, v in state[name].items()}
+    with _gc_paused():
+        for name, record in _BUCKETED.items():
+            state[name] = {k: as_records(record, v) for k, v in state[name].items()}
     return FleetData(**state)
 
 
@@ -304,13 +307,28 @@ def _stores_beside_segments(directory: str) -> list[Path]:
     return found
 
 
-def _union(aliases: list[str], table: str, scoped: bool = False) -> str:
-    """Every input's ``table`` by name; ``scoped``: only the rows of a task's nodes (the temp
-    table ``batch_nodes``, :func:`load_nodes`)."""
-    union = " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
-    if scoped:
-        return f"SELECT * FROM ({union}) WHERE node IN (SELECT node FROM batch_nodes)"
-    return union
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """A task's nodes (the temp table ``batch_nodes``, :func:`load_nodes`) as a filter on the
+    inputs' rows; ``whole``: the aliases whose every row is of those nodes (a node store holding
+    only the batch's nodes), read without the filter, which costs a lookup per sample."""
+
+    whole: frozenset[str] = frozenset()
+
+
+def _union(aliases: list[str], table: str, scoped: _Scope | None = None) -> str:
+    """Every input's ``table`` by name; ``scoped``: only the rows of a task's nodes."""
+    if scoped is None:
+        return " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
+    parts = [
+        f"SELECT * FROM {a}.{table} WHERE node IS NOT NULL" for a in aliases if a in scoped.whole
+    ]
+    rest = [a for a in aliases if a not in scoped.whole]
+    if rest:
+        parts.append(
+            f"SELECT * FROM ({_union(rest, table)}) WHERE node IN (SELECT node FROM batch_nodes)"
+        )
+    return " UNION ALL BY NAME ".join(parts)
 
 
 def bucket_for(window_seconds: float, interval_seconds: float | None) -> int:
@@ -491,13 +509,20 @@ def load_nodes(batch: Sequence[str], plan: WindowPlan) -> FleetData:
     counts once, as in :func:`load`."""
     held = plan.holders or (None,) * len(plan.inputs)
     mine = [
-        p for p, h in zip(plan.inputs, held, strict=True) if h is None or not h.isdisjoint(batch)
-    ]
-    return _read_nodes(mine or list(plan.inputs), tuple(batch), plan)
+        (p, h)
+        for p, h in zip(plan.inputs, held, strict=True)
+        if h is None or not h.isdisjoint(batch)
+    ] or [(p, None) for p in plan.inputs]
+    # A node store all of whose nodes are the batch's needs no filter on its rows.
+    whole = frozenset(i for i, (_, h) in enumerate(mine) if h is not None and h <= set(batch))
+    return _read_nodes([p for p, _ in mine], tuple(batch), plan, whole)
 
 
 @sf.reads_stores
-def _read_nodes(paths: Sequence[sf.Input], batch: tuple[str, ...], plan: WindowPlan) -> FleetData:
+def _read_nodes(
+    paths: Sequence[sf.Input], batch: tuple[str, ...], plan: WindowPlan, whole: frozenset[int]
+) -> FleetData:
+    """``whole``: the positions in ``paths`` of node stores that hold only the batch's nodes."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         aliases = sf.attach_inputs(con, list(paths), plan.timeout_seconds, plan.days_seconds)
@@ -505,10 +530,9 @@ def _read_nodes(paths: Sequence[sf.Input], batch: tuple[str, ...], plan: WindowP
             "CREATE TEMP TABLE batch_nodes AS SELECT unnest($n::VARCHAR[]) AS node",
             {"n": list(batch)},
         )
-        con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES, scoped=True)}")
-        _materialize(
-            con, aliases, plan.window_start, plan.window_end, plan.bucket_seconds, scoped=True
-        )
+        scope = _Scope(frozenset(aliases[i] for i in whole))
+        con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES, scope)}")
+        _materialize(con, aliases, plan.window_start, plan.window_end, plan.bucket_seconds, scope)
         sf.detach_inputs(con, aliases)
         return _fetch(con, plan)
     finally:
@@ -725,7 +749,7 @@ def _materialize(
     start: float,
     end: float,
     bucket: int,
-    scoped: bool = False,
+    scoped: _Scope | None = None,
 ) -> None:
     """The window's tables, from the view ``g`` and the inputs (``scoped``: a task's nodes)."""
     con.execute(
@@ -789,7 +813,7 @@ def _materialize_host(
     start: float,
     end: float,
     bucket: int,
-    scoped: bool = False,
+    scoped: _Scope | None = None,
 ) -> None:
     params = {"b": bucket, "s": start, "e": end}
     con.execute(
@@ -825,7 +849,7 @@ def _materialize_tenancy(
     start: float,
     end: float,
     bucket: int,
-    scoped: bool = False,
+    scoped: _Scope | None = None,
 ) -> None:
     """Which tenant held memory on which GPU in each bucket (processes summed per tenant)."""
     con.execute(
@@ -845,13 +869,15 @@ def _materialize_tenancy(
 
 
 def _materialize_declarations(
-    con: duckdb.DuckDBPyConnection, aliases: list[str], scoped: bool = False
+    con: duckdb.DuckDBPyConnection, aliases: list[str], scoped: _Scope | None = None
 ) -> None:
     """What the window's tenants declare, joined by the subject their processes give
     (``store.intent.SUBJECT_SQL``); none from stores written before schema 3. A task's nodes
     (``scoped``) give every tenant's: a tenant may hold a GPU only on another batch's node, so
     :func:`merge` keeps those of the whole window's tenants."""
-    only_held = "" if scoped else "WHERE tenant IN (SELECT DISTINCT tenant FROM tenancy)"
+    only_held = (
+        "" if scoped is not None else "WHERE tenant IN (SELECT DISTINCT tenant FROM tenancy)"
+    )
     con.execute(
         f"CREATE TABLE declared AS SELECT DISTINCT {TENANT_SQL} AS tenant, d.source, d.kind, "
         "d.name, d.implies "
@@ -908,8 +934,28 @@ def _first_uuid(con: duckdb.DuckDBPyConnection) -> str | None:
     return None if row is None or row[0] is None else str(row[0])
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a batch's records are built: they are tuples of
+    numbers and strings (no cycle for the collector to find), and the collections their
+    allocations set off walked them again and again (about a sixth of :func:`load_nodes`'
+    CPU). The collector's state is restored after, whatever happens."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _fetch(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetData:
     """The materialized tables as records (one batch's nodes, or all of them)."""
+    with _gc_paused():
+        return _fetch_records(con, plan)
+
+
+def _fetch_records(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetData:
     every = _distinct_indexes(
         [
             GpuInfo(
