@@ -461,17 +461,21 @@ def _holders(
     """Each input's nodes (:attr:`WindowPlan.holders`), from every table of a node store that
     has a ``node`` column, as attached (``r_…``): a task reading a node then attaches every
     store that holds any of its rows, and keyed rows deduplicate as over all inputs."""
+    # One catalog query for every store: it scans every attached store's columns, so one
+    # per store was quadratic in the fleet's stores.
+    with_node: dict[str, list[str]] = {}
+    for database, table in con.execute(
+        "SELECT DISTINCT database_name, table_name FROM duckdb_columns() "
+        "WHERE column_name = 'node' ORDER BY 1, 2"
+    ).fetchall():
+        with_node.setdefault(str(database), []).append(str(table))
     out: list[frozenset[str] | None] = []
     for path, alias in zip(paths, aliases[: len(paths)], strict=True):
         if not isinstance(path, Path):
             out.append(None)
             continue
-        tables = con.execute(
-            "SELECT DISTINCT table_name FROM duckdb_columns() WHERE database_name = $d "
-            "AND column_name = 'node' ORDER BY 1",
-            {"d": f"r_{alias}"},
-        ).fetchall()
-        union = " UNION ".join(f"SELECT DISTINCT node FROM r_{alias}.{t}" for (t,) in tables)
+        tables = with_node.get(f"r_{alias}", [])
+        union = " UNION ".join(f"SELECT DISTINCT node FROM r_{alias}.{t}" for t in tables)
         rows = con.execute(union).fetchall() if union else []
         out.append(frozenset(str(n) for (n,) in rows if n is not None))
     return tuple(out)

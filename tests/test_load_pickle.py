@@ -91,3 +91,24 @@ def test_the_pool_engine_returns_the_batch_as_loaded(plan: WindowPlan, data: Fle
         engine.close()
     assert loaded.data == data
     assert all(type(r) is t for t, r in _records(loaded.data))
+
+
+def test_batches_read_a_shared_store_filtered_and_a_lone_store_whole(
+    tmp_path_factory: pytest.TempPathFactory, plan: WindowPlan
+) -> None:
+    """The mig scenario's store holds two nodes: a batch of one of them filters its rows; the
+    starved-input store holds one node, read whole by the batch that has it. Merged, the
+    batches are :func:`load`'s data."""
+    from analyzer.load import load, merge
+    from sim.engine import simulate
+    from sim.scenario import load as scenario
+
+    shared = tmp_path_factory.mktemp("shared") / "mig.duckdb"
+    simulate(dataclasses.replace(scenario("mig"), interval_seconds=300.0), shared, days=0.25)
+    inputs = [shared, *plan.inputs]
+    both = plan_window(inputs, 7 * 86400.0)
+    assert both.holders[0] is not None and len(both.holders[0]) == 2, "a store of two nodes"
+    parts = [load_nodes([node], both) for node in both.nodes]
+    assert [len(p.gpus) > 0 for p in parts] == [True] * len(both.nodes)
+    assert {g.node for p in parts[:2] for g in p.gpus} == set(both.holders[0])
+    assert merge(both, parts) == load(inputs, 7 * 86400.0)
