@@ -8,14 +8,17 @@ the length of the aggregation.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import gc
 import glob
 import itertools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import duckdb
 
@@ -35,6 +38,7 @@ from store.schema import (
 )
 
 BUCKET_SECONDS = 300
+T = TypeVar("T", bound=tuple[Any, ...])
 
 # The columns this module's SQL reads, checked against the schema when it is imported.
 sf.require_columns(
@@ -127,9 +131,10 @@ class GpuInfo:
     gpu_instance_id: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class HostBucket:
-    """One node over one bucket: means of the host counters; ``None`` when not reported."""
+class HostBucket(NamedTuple):
+    """One node over one bucket: means of the host counters; ``None`` when not reported.
+
+    A tuple, as :class:`Bucket` is, and for the same reason: a fleet's week is millions."""
 
     start: float
     cpu_busy_ratio: float | None
@@ -154,9 +159,8 @@ class Tenant:
     slurm_job_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TenantBucket:
-    """One tenant on one GPU over one bucket."""
+class TenantBucket(NamedTuple):
+    """One tenant on one GPU over one bucket (a tuple, as :class:`Bucket` is)."""
 
     start: float
     tenant: str
@@ -164,8 +168,9 @@ class TenantBucket:
     sm_util: float | None  # the process's own SM utilization from NVML, when reported
 
 
-@dataclass(frozen=True, slots=True)
-class CgroupBucket:
+class CgroupBucket(NamedTuple):
+    """One cgroup of a node over one bucket (a tuple, as :class:`Bucket` is)."""
+
     start: float
     cpu_cores: float | None
     cpu_limit_cores: float | None
@@ -194,6 +199,39 @@ class FleetData:
     #: What the window leaves out: each input's newest GPU sample, each node's, and the
     #: oldest sample of all (:class:`Reach`).
     reach: Reach | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with its per-bucket records as plain tuples, rebuilt on the other side: a
+        NamedTuple pickles through ``copyreg``'s Python-level reduce, one call per bucket,
+        which made sending a batch between processes (the pool and Ray engines) cost as much
+        as loading it (16 nodes of 8 GPUs for a week: 2.3-3 CPU-s and 31 MiB each way)."""
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in _BUCKETED:
+            state[name] = {k: tuple(map(tuple, v)) for k, v in state[name].items()}
+        return (_unpickle_fleet, (state,))
+
+
+#: FleetData's fields of per-bucket records, and the record of each.
+_BUCKETED: dict[str, type[tuple[Any, ...]]] = {
+    "buckets": Bucket,
+    "hosts": HostBucket,
+    "tenancy": TenantBucket,
+    "cgroups": CgroupBucket,
+}
+
+
+def _unpickle_fleet(state: dict[str, Any]) -> FleetData:
+    """:meth:`FleetData.__reduce__`'s inverse: the plain tuples as records again."""
+    with _gc_paused():
+        for name, record in _BUCKETED.items():
+            state[name] = {k: as_records(record, v) for k, v in state[name].items()}
+    return FleetData(**state)
+
+
+def as_records(record: type[T], rows: Iterable[tuple[Any, ...]]) -> tuple[T, ...]:
+    """``rows`` (tuples in the record's field order) as NamedTuple records, built in C:
+    ``record(*row)`` runs the NamedTuple's Python ``__new__`` once per row."""
+    return tuple(map(functools.partial(tuple.__new__, record), rows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,13 +307,28 @@ def _stores_beside_segments(directory: str) -> list[Path]:
     return found
 
 
-def _union(aliases: list[str], table: str, scoped: bool = False) -> str:
-    """Every input's ``table`` by name; ``scoped``: only the rows of a task's nodes (the temp
-    table ``batch_nodes``, :func:`load_nodes`)."""
-    union = " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
-    if scoped:
-        return f"SELECT * FROM ({union}) WHERE node IN (SELECT node FROM batch_nodes)"
-    return union
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """A task's nodes (the temp table ``batch_nodes``, :func:`load_nodes`) as a filter on the
+    inputs' rows; ``whole``: the aliases whose every row is of those nodes (a node store holding
+    only the batch's nodes), read without the filter, which costs a lookup per sample."""
+
+    whole: frozenset[str] = frozenset()
+
+
+def _union(aliases: list[str], table: str, scoped: _Scope | None = None) -> str:
+    """Every input's ``table`` by name; ``scoped``: only the rows of a task's nodes."""
+    if scoped is None:
+        return " UNION ALL BY NAME ".join(f"SELECT * FROM {a}.{table}" for a in aliases)
+    parts = [
+        f"SELECT * FROM {a}.{table} WHERE node IS NOT NULL" for a in aliases if a in scoped.whole
+    ]
+    rest = [a for a in aliases if a not in scoped.whole]
+    if rest:
+        parts.append(
+            f"SELECT * FROM ({_union(rest, table)}) WHERE node IN (SELECT node FROM batch_nodes)"
+        )
+    return " UNION ALL BY NAME ".join(parts)
 
 
 def bucket_for(window_seconds: float, interval_seconds: float | None) -> int:
@@ -356,7 +409,8 @@ def plan_window(
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         days = since_seconds if until is None and start_at is None else None
-        aliases = sf.attach_inputs(con, list(paths), timeout, days)
+        # The plan reads samples only: no keyed table (devices, processes, pods) is presented.
+        aliases = sf.attach_inputs(con, list(paths), timeout, days, keyed=False)
         plan = _plan_on(
             con, paths, aliases, since_seconds, timeout, days, bucket_seconds, until, start_at
         )
@@ -383,6 +437,8 @@ def _plan_on(
     start_at: float | None,
 ) -> WindowPlan:
     con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
+    limit = believable_limit(con, "SELECT ts FROM g")
+    _gpu_extents(con, limit)
     first, newest, ignored = _window_end(con, paths)
     newest = newest if until is None else min(newest, until)
     if start_at is not None:
@@ -395,7 +451,7 @@ def _plan_on(
     interval = _interval(con, max(newest - since_seconds, first), newest)
     bucket = bucket_seconds or bucket_for(min(since_seconds, newest - first + 1.0), interval)
     start, end = whole_buckets(first, newest, since_seconds, bucket, until, start_at)
-    reach = _reach(con, paths, aliases, first)
+    reach = _reach(con, paths, aliases, first, limit)
     return WindowPlan(tuple(paths), timeout, days, start, end, bucket, interval, ignored, reach)
 
 
@@ -405,17 +461,21 @@ def _holders(
     """Each input's nodes (:attr:`WindowPlan.holders`), from every table of a node store that
     has a ``node`` column, as attached (``r_…``): a task reading a node then attaches every
     store that holds any of its rows, and keyed rows deduplicate as over all inputs."""
+    # One catalog query for every store: it scans every attached store's columns, so one
+    # per store was quadratic in the fleet's stores.
+    with_node: dict[str, list[str]] = {}
+    for database, table in con.execute(
+        "SELECT DISTINCT database_name, table_name FROM duckdb_columns() "
+        "WHERE column_name = 'node' ORDER BY 1, 2"
+    ).fetchall():
+        with_node.setdefault(str(database), []).append(str(table))
     out: list[frozenset[str] | None] = []
     for path, alias in zip(paths, aliases[: len(paths)], strict=True):
         if not isinstance(path, Path):
             out.append(None)
             continue
-        tables = con.execute(
-            "SELECT DISTINCT table_name FROM duckdb_columns() WHERE database_name = $d "
-            "AND column_name = 'node' ORDER BY 1",
-            {"d": f"r_{alias}"},
-        ).fetchall()
-        union = " UNION ".join(f"SELECT DISTINCT node FROM r_{alias}.{t}" for (t,) in tables)
+        tables = with_node.get(f"r_{alias}", [])
+        union = " UNION ".join(f"SELECT DISTINCT node FROM r_{alias}.{t}" for t in tables)
         rows = con.execute(union).fetchall() if union else []
         out.append(frozenset(str(n) for (n,) in rows if n is not None))
     return tuple(out)
@@ -453,13 +513,20 @@ def load_nodes(batch: Sequence[str], plan: WindowPlan) -> FleetData:
     counts once, as in :func:`load`."""
     held = plan.holders or (None,) * len(plan.inputs)
     mine = [
-        p for p, h in zip(plan.inputs, held, strict=True) if h is None or not h.isdisjoint(batch)
-    ]
-    return _read_nodes(mine or list(plan.inputs), tuple(batch), plan)
+        (p, h)
+        for p, h in zip(plan.inputs, held, strict=True)
+        if h is None or not h.isdisjoint(batch)
+    ] or [(p, None) for p in plan.inputs]
+    # A node store all of whose nodes are the batch's needs no filter on its rows.
+    whole = frozenset(i for i, (_, h) in enumerate(mine) if h is not None and h <= set(batch))
+    return _read_nodes([p for p, _ in mine], tuple(batch), plan, whole)
 
 
 @sf.reads_stores
-def _read_nodes(paths: Sequence[sf.Input], batch: tuple[str, ...], plan: WindowPlan) -> FleetData:
+def _read_nodes(
+    paths: Sequence[sf.Input], batch: tuple[str, ...], plan: WindowPlan, whole: frozenset[int]
+) -> FleetData:
+    """``whole``: the positions in ``paths`` of node stores that hold only the batch's nodes."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         aliases = sf.attach_inputs(con, list(paths), plan.timeout_seconds, plan.days_seconds)
@@ -467,10 +534,9 @@ def _read_nodes(paths: Sequence[sf.Input], batch: tuple[str, ...], plan: WindowP
             "CREATE TEMP TABLE batch_nodes AS SELECT unnest($n::VARCHAR[]) AS node",
             {"n": list(batch)},
         )
-        con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES, scoped=True)}")
-        _materialize(
-            con, aliases, plan.window_start, plan.window_end, plan.bucket_seconds, scoped=True
-        )
+        scope = _Scope(frozenset(aliases[i] for i in whole))
+        con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES, scope)}")
+        _materialize(con, aliases, plan.window_start, plan.window_end, plan.bucket_seconds, scope)
         sf.detach_inputs(con, aliases)
         return _fetch(con, plan)
     finally:
@@ -577,11 +643,30 @@ def sf_iso(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _gpu_extents(con: duckdb.DuckDBPyConnection, limit: float) -> None:
+    """The temp table ``extents``: per (node, uuid, gpu_index) of the view ``g``, its samples,
+    its first and newest before 2100, its newest believable one (before ``limit``,
+    :func:`believable_limit`), and the samples past ``limit`` and past 2100. The plan's
+    questions (the window's ends, the fleet's reach, the first GPU) are then asked of a few
+    hundred rows: one scan of the samples instead of one per question."""
+    con.execute(
+        "CREATE TEMP TABLE extents AS SELECT node, uuid, gpu_index, count(*) AS n, "
+        "min(ts) FILTER (WHERE ts <= $h) AS first, max(ts) FILTER (WHERE ts <= $h) AS newest, "
+        "max(ts) FILTER (WHERE ts <= $l) AS believable, count(*) FILTER (WHERE ts > $l) AS ahead, "
+        "count(*) FILTER (WHERE ts > $h) AS absurd FROM g GROUP BY ALL",
+        {"l": limit, "h": sf.LATEST_TS},
+    )
+
+
 def _reach(
-    con: duckdb.DuckDBPyConnection, paths: Sequence[sf.Input], aliases: list[str], first: float
+    con: duckdb.DuckDBPyConnection,
+    paths: Sequence[sf.Input],
+    aliases: list[str],
+    first: float,
+    believable: float,
 ) -> Reach:
     """Each input's and each node's newest believable GPU sample (and a node's GPUs)."""
-    limit = {"l": believable_limit(con, "SELECT ts FROM g")}
+    limit = {"l": believable}
     newest: list[tuple[str, float | None]] = []
     for path, alias in zip(paths, aliases[: len(paths)], strict=True):  # then the fleet alias
         # A node store as attached (``r_…``), not its view: the view leaves out the rows its
@@ -593,9 +678,8 @@ def _reach(
         newest.append((str(path), None if row is None or row[0] is None else float(row[0])))
     nodes: dict[str, tuple[float, tuple[tuple[int, str], ...]]] = {}
     for node, ts, gpus in con.execute(
-        "SELECT node, max(ts), list(DISTINCT [coalesce(gpu_index, -1)::VARCHAR, uuid]) "
-        "FROM g WHERE ts <= $l GROUP BY node ORDER BY node",
-        limit,
+        "SELECT node, max(believable), list(DISTINCT [coalesce(gpu_index, -1)::VARCHAR, uuid]) "
+        "FROM extents WHERE believable IS NOT NULL GROUP BY node ORDER BY node"
     ).fetchall():
         nodes[str(node)] = (float(ts), tuple(sorted((int(i), str(u)) for i, u in gpus)))
     return Reach(tuple(newest), nodes, first)
@@ -645,12 +729,10 @@ def _window_end(
     itself and hide everything real, so they are left out (and counted). When every sample is
     that far ahead, it is this machine's clock that is behind (or the store is a simulation of
     days to come): the window then ends at the newest. Samples after 2100
-    (:data:`store.storefile.LATEST_TS`) are never believed."""
+    (:data:`store.storefile.LATEST_TS`) are never believed. Read from :func:`_gpu_extents`."""
     row = con.execute(
-        "SELECT count(*), min(ts) FILTER (WHERE ts <= $h), max(ts) FILTER (WHERE ts <= $h), "
-        "max(ts) FILTER (WHERE ts <= $l), count(*) FILTER (WHERE ts > $l), "
-        "count(*) FILTER (WHERE ts > $h) FROM g",
-        {"l": believable_limit(con, "SELECT ts FROM g"), "h": sf.LATEST_TS},
+        "SELECT sum(n), min(first), max(newest), max(believable), sum(ahead), sum(absurd) "
+        "FROM extents"
     ).fetchone()
     if row is None or not row[0]:
         raise EmptyStore(f"{paths[0]}: the store has no GPU samples yet")
@@ -671,7 +753,7 @@ def _materialize(
     start: float,
     end: float,
     bucket: int,
-    scoped: bool = False,
+    scoped: _Scope | None = None,
 ) -> None:
     """The window's tables, from the view ``g`` and the inputs (``scoped``: a task's nodes)."""
     con.execute(
@@ -735,7 +817,7 @@ def _materialize_host(
     start: float,
     end: float,
     bucket: int,
-    scoped: bool = False,
+    scoped: _Scope | None = None,
 ) -> None:
     params = {"b": bucket, "s": start, "e": end}
     con.execute(
@@ -771,7 +853,7 @@ def _materialize_tenancy(
     start: float,
     end: float,
     bucket: int,
-    scoped: bool = False,
+    scoped: _Scope | None = None,
 ) -> None:
     """Which tenant held memory on which GPU in each bucket (processes summed per tenant)."""
     con.execute(
@@ -791,13 +873,15 @@ def _materialize_tenancy(
 
 
 def _materialize_declarations(
-    con: duckdb.DuckDBPyConnection, aliases: list[str], scoped: bool = False
+    con: duckdb.DuckDBPyConnection, aliases: list[str], scoped: _Scope | None = None
 ) -> None:
     """What the window's tenants declare, joined by the subject their processes give
     (``store.intent.SUBJECT_SQL``); none from stores written before schema 3. A task's nodes
     (``scoped``) give every tenant's: a tenant may hold a GPU only on another batch's node, so
     :func:`merge` keeps those of the whole window's tenants."""
-    only_held = "" if scoped else "WHERE tenant IN (SELECT DISTINCT tenant FROM tenancy)"
+    only_held = (
+        "" if scoped is not None else "WHERE tenant IN (SELECT DISTINCT tenant FROM tenancy)"
+    )
     con.execute(
         f"CREATE TABLE declared AS SELECT DISTINCT {TENANT_SQL} AS tenant, d.source, d.kind, "
         "d.name, d.implies "
@@ -841,15 +925,41 @@ def _interval(con: duckdb.DuckDBPyConnection, start: float, end: float) -> float
     """The typical time between samples of one GPU (over the window's last day at most)."""
     row = con.execute(
         "SELECT median(d) FROM (SELECT ts - lag(ts) OVER (ORDER BY ts) AS d FROM g "
-        "WHERE uuid = (SELECT min(uuid) FROM g) AND ts > greatest($s, $e - 86400) "
-        "AND ts <= $e) WHERE d > 0",
-        {"s": start, "e": end},
+        "WHERE uuid = $u AND ts > greatest($s, $e - 86400) AND ts <= $e) WHERE d > 0",
+        {"s": start, "e": end, "u": _first_uuid(con)},
     ).fetchone()
     return None if row is None or row[0] is None else float(row[0])
 
 
+def _first_uuid(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The first GPU uuid of the view ``g`` (text order), from :func:`_gpu_extents`: a value,
+    so that :func:`_interval`'s filter can skip the other GPUs' row groups."""
+    row = con.execute("SELECT min(uuid) FROM extents").fetchone()
+    return None if row is None or row[0] is None else str(row[0])
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a batch's records are built: they are tuples of
+    numbers and strings (no cycle for the collector to find), and the collections their
+    allocations set off walked them again and again (about a sixth of :func:`load_nodes`'
+    CPU). The collector's state is restored after, whatever happens."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _fetch(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetData:
     """The materialized tables as records (one batch's nodes, or all of them)."""
+    with _gc_paused():
+        return _fetch_records(con, plan)
+
+
+def _fetch_records(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetData:
     every = _distinct_indexes(
         [
             GpuInfo(
@@ -869,13 +979,15 @@ def _fetch(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetData:
             ).fetchall()
         ]
     )
-    raw: dict[str, list[Bucket]] = {g.uuid: [] for g in every}
-    for row in _rows(
+    raw: dict[str, tuple[Bucket, ...]] = {g.uuid: () for g in every}
+    for (uuid,), records in _runs(
         con,
-        "SELECT uuid, start, samples, ups, util, util_max, util_min, mem, mem_max, power, sm, "
+        Bucket,
+        "SELECT uuid, count(*) FROM buckets GROUP BY uuid ORDER BY uuid",
+        "SELECT start, samples, ups, util, util_max, util_min, mem, mem_max, power, sm, "
         "nvlink, tensor, clock, throttled FROM buckets ORDER BY uuid, start",
     ):
-        raw[row[0]].append(Bucket(*row[1:]))
+        raw[uuid] = records
     # MIG: instances are the GPUs; a partitioned parent only lends its power (analyzer.mig).
     folded, buckets = mig.fold(every, raw)
     gpus = tuple(folded)
@@ -898,6 +1010,18 @@ def _fetch(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetData:
         sample_interval_seconds=plan.sample_interval_seconds,
         declarations=_fetch_declarations(con),
     )
+
+
+def _runs(
+    con: duckdb.DuckDBPyConnection, record: type[T], keys_sql: str, rows_sql: str
+) -> list[tuple[tuple[Any, ...], tuple[T, ...]]]:
+    """(key, records) per key: ``keys_sql`` gives each key's columns and then its number of
+    rows, in the order ``rows_sql`` gives the rows (the record's fields, no key), so each
+    key's records are the next run of rows, built without a Python call per row
+    (:func:`as_records`)."""
+    keys = con.execute(keys_sql).fetchall()  # before the rows' cursor: one query at a time
+    rows = _rows(con, rows_sql)
+    return [(tuple(key), as_records(record, itertools.islice(rows, n))) for *key, n in keys]
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> Iterator[tuple[Any, ...]]:
@@ -940,25 +1064,26 @@ def _distinct_indexes(gpus: list[GpuInfo]) -> tuple[GpuInfo, ...]:
 
 
 def _fetch_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[HostBucket, ...]]:
-    hosts: dict[str, list[HostBucket]] = {}
-    for node, *row in _rows(
+    runs = _runs(
         con,
-        "SELECT h.node, h.start, busy, iowait, psi_cpu, psi_io, disk_read, cpus, n.ib, n.nic "
+        HostBucket,
+        "SELECT node, count(*) FROM host GROUP BY node ORDER BY node",
+        "SELECT h.start, busy, iowait, psi_cpu, psi_io, disk_read, cpus, n.ib, n.nic "
         "FROM host h LEFT JOIN net n USING (node, start) ORDER BY h.node, h.start",
-    ):
-        hosts.setdefault(node, []).append(HostBucket(*row))
-    return {k: tuple(v) for k, v in hosts.items()}
+    )
+    return {node: hosts for (node,), hosts in runs}
 
 
 def _fetch_cgroups(
     con: duckdb.DuckDBPyConnection,
 ) -> dict[tuple[str, str], tuple[CgroupBucket, ...]]:
-    out: dict[tuple[str, str], list[CgroupBucket]] = {}
-    for node, cgroup, *row in con.execute(
-        "SELECT node, cgroup, start, cores, lim FROM cg ORDER BY node, cgroup, start"
-    ).fetchall():
-        out.setdefault((node, cgroup), []).append(CgroupBucket(*row))
-    return {k: tuple(v) for k, v in out.items()}
+    runs = _runs(
+        con,
+        CgroupBucket,
+        "SELECT node, cgroup, count(*) FROM cg GROUP BY ALL ORDER BY node, cgroup",
+        "SELECT start, cores, lim FROM cg ORDER BY node, cgroup, start",
+    )
+    return {(node, cgroup): cgroups for (node, cgroup), cgroups in runs}
 
 
 def _fetch_tenancy(
@@ -975,12 +1100,17 @@ def _fetch_tenancy(
         ).fetchall()
     }
     names = {name: name for name in tenants}
-    tenancy: dict[str, list[TenantBucket]] = {}
-    for uuid, name, start, mem, sm in _rows(
-        con, "SELECT uuid, tenant, start, mem, sm FROM tenancy ORDER BY uuid, start, tenant"
-    ):
-        tenancy.setdefault(uuid, []).append(TenantBucket(start, names[name], mem, sm))
-    return tenants, {k: tuple(v) for k, v in tenancy.items()}
+    tenancy = _runs(
+        con,
+        TenantBucket,
+        "SELECT uuid, count(*) FROM tenancy GROUP BY uuid ORDER BY uuid",
+        "SELECT start, tenant, mem, sm FROM tenancy ORDER BY uuid, start, tenant",
+    )
+    # One string object per tenant name, not one per bucket (memory, and pickle's size).
+    return tenants, {
+        uuid: as_records(TenantBucket, ((s, names[t], m, u) for s, t, m, u in present))
+        for (uuid,), present in tenancy
+    }
 
 
 # -- one workload's holdings and usage (``aiscope job``) ------------------------------------------

@@ -1,0 +1,114 @@
+"""A batch's FleetData crosses processes (Map A's result back to the driver, Map B's input out):
+it pickles with its per-bucket records as plain tuples and comes back equal, record types and
+int fields included, in this process and through the pool engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import pickletools
+from collections.abc import Iterator
+
+import pytest
+
+from analyzer.engine import PoolEngine
+from analyzer.load import (
+    Bucket,
+    CgroupBucket,
+    FleetData,
+    HostBucket,
+    TenantBucket,
+    WindowPlan,
+    load_nodes,
+    plan_window,
+)
+from analyzer.stages import LoadShared, load_batch
+from analyzer.thresholds import Thresholds
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory: pytest.TempPathFactory) -> WindowPlan:
+    """A simulated store with every kind of per-bucket record: GPU buckets, tenants on the
+    GPUs, host counters and cgroups (the starved-input scenario's input pipelines)."""
+    from sim.engine import simulate
+    from sim.scenario import load
+
+    store = tmp_path_factory.mktemp("pickle") / "starved.duckdb"
+    simulate(dataclasses.replace(load("starved-input"), interval_seconds=60.0), store, days=0.25)
+    return plan_window([store], 7 * 86400.0)
+
+
+@pytest.fixture(scope="module")
+def data(plan: WindowPlan) -> FleetData:
+    loaded = load_nodes(plan.nodes, plan)
+    assert loaded.buckets and loaded.tenancy and loaded.hosts and loaded.cgroups, (
+        "the scenario has every kind of record to round-trip"
+    )
+    return loaded
+
+
+def _records(data: FleetData) -> Iterator[tuple[type, object]]:
+    """(the expected type, the record) of every per-bucket record."""
+    for expected, field in (
+        (Bucket, data.buckets),
+        (HostBucket, data.hosts),
+        (TenantBucket, data.tenancy),
+        (CgroupBucket, data.cgroups),
+    ):
+        for records in field.values():
+            assert isinstance(records, tuple)
+            for record in records:
+                yield expected, record
+
+
+def test_a_loaded_fleet_survives_pickle_with_its_record_types(data: FleetData) -> None:
+    back = pickle.loads(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back == data
+    assert all(type(r) is t for t, r in _records(back))
+    # Counts stay ints (a float 30.0 would equal 30 and still change a document).
+    assert all(type(b.samples) is int for bs in back.buckets.values() for b in bs)
+    assert list(back.buckets) == list(data.buckets), "GPU order is the fleet's order"
+
+
+def test_records_pickle_as_plain_tuples(data: FleetData) -> None:
+    """No object built per record on unpickling (a NamedTuple's own reduce is one per bucket):
+    the records travel as tuples and are rebuilt together."""
+    blob = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+    built = sum(
+        1 for op, _, _ in pickletools.genops(blob) if op.name in ("NEWOBJ", "NEWOBJ_EX", "REDUCE")
+    )
+    records = sum(1 for _ in _records(data))
+    assert records > 1000
+    assert built < records / 10, f"{built} objects built for {records} records"
+
+
+def test_the_pool_engine_returns_the_batch_as_loaded(plan: WindowPlan, data: FleetData) -> None:
+    engine = PoolEngine(1)
+    try:
+        shared = engine.broadcast(LoadShared(plan, Thresholds()))
+        (loaded,) = engine.map(load_batch, [plan.nodes], shared)
+    finally:
+        engine.close()
+    assert loaded.data == data
+    assert all(type(r) is t for t, r in _records(loaded.data))
+
+
+def test_batches_read_a_shared_store_filtered_and_a_lone_store_whole(
+    tmp_path_factory: pytest.TempPathFactory, plan: WindowPlan
+) -> None:
+    """The mig scenario's store holds two nodes: a batch of one of them filters its rows; the
+    starved-input store holds one node, read whole by the batch that has it. Merged, the
+    batches are :func:`load`'s data."""
+    from analyzer.load import load, merge
+    from sim.engine import simulate
+    from sim.scenario import load as scenario
+
+    shared = tmp_path_factory.mktemp("shared") / "mig.duckdb"
+    simulate(dataclasses.replace(scenario("mig"), interval_seconds=300.0), shared, days=0.25)
+    inputs = [shared, *plan.inputs]
+    both = plan_window(inputs, 7 * 86400.0)
+    assert both.holders[0] is not None and len(both.holders[0]) == 2, "a store of two nodes"
+    parts = [load_nodes([node], both) for node in both.nodes]
+    assert [len(p.gpus) > 0 for p in parts] == [True] * len(both.nodes)
+    assert {g.node for p in parts[:2] for g in p.gpus} == set(both.holders[0])
+    assert merge(both, parts) == load(inputs, 7 * 86400.0)
