@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import operator
 import statistics
 from collections.abc import Sequence
@@ -323,16 +324,8 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
     views = {}
     for gpu in data.gpus:
         buckets = data.buckets.get(gpu.uuid, ())
-        tenants: dict[float, list[TenantBucket]] = {}
-        for tb in data.tenancy.get(gpu.uuid, ()):
-            tenants.setdefault(tb.start, []).append(tb)
-        views[gpu.uuid] = GpuView(
-            gpu,
-            buckets,
-            {k: tuple(v) for k, v in tenants.items()},
-            by_uuid.get(gpu.uuid),
-            refs[gpu.uuid],
-        )
+        tenants = by_start(data.tenancy.get(gpu.uuid, ()))
+        views[gpu.uuid] = GpuView(gpu, buckets, tenants, by_uuid.get(gpu.uuid), refs[gpu.uuid])
     ib = {
         node: [h.ib_bytes_per_second for h in hosts if h.ib_bytes_per_second]
         for node, hosts in data.hosts.items()
@@ -345,6 +338,22 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
         data.bucket_seconds / 3600.0,
         ib_median={node: statistics.median(rates) for node, rates in ib.items() if rates},
     )
+
+
+def by_start(tenancy: Sequence[TenantBucket]) -> dict[float, tuple[TenantBucket, ...]]:
+    """A GPU's tenant buckets grouped by start, starts in first-seen order. The loader gives
+    them in time order, so the groups are runs (one ``groupby`` in C, not an append per
+    tenant bucket); in any other order, grouped one by one."""
+    starts = np.fromiter(map(_START, tenancy), np.float64, len(tenancy))
+    if np.all(starts[1:] >= starts[:-1]):
+        return {t: tuple(run) for t, run in itertools.groupby(tenancy, _START)}
+    grouped: dict[float, list[TenantBucket]] = {}
+    for tb in tenancy:
+        grouped.setdefault(tb.start, []).append(tb)
+    return {t: tuple(run) for t, run in grouped.items()}
+
+
+_START = operator.attrgetter("start")
 
 
 def gpu_name(view: GpuView) -> str:
