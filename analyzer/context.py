@@ -12,6 +12,7 @@ import functools
 import itertools
 import operator
 import statistics
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +55,17 @@ IDLE_CODE = CLASS_CODES.index("idle")
 
 
 def column(buckets: Sequence[Bucket], name: str) -> Floats:
-    """One field of ``buckets`` as a float array, NaN where it was not reported (``None``)."""
+    """One field of ``buckets`` as a float array, NaN where it was not reported (``None``).
+    When ``buckets`` are a live view's (:data:`_VIEWS`), the view's column: built once per
+    analysis for the detectors, the books, the summary and the recommendations alike. Shared,
+    so read-only by contract."""
+    view = _VIEWS.get(id(buckets))
+    if view is not None and view.buckets is buckets:
+        return view.col(name)
+    return _column(buckets, name)
+
+
+def _column(buckets: Sequence[Bucket], name: str) -> Floats:
     return np.array(list(map(operator.itemgetter(Bucket._fields.index(name)), buckets)), float)
 
 
@@ -154,7 +165,7 @@ class GpuView:
         not reported; built once per field and GPU, on first use."""
         known = self._columns.get(name)
         if known is None:
-            known = self._columns[name] = column(self.buckets, name)
+            known = self._columns[name] = _column(self.buckets, name)
         return known
 
     @functools.cached_property
@@ -239,6 +250,10 @@ class GpuView:
 
 
 _UNKNOWN = object()
+
+#: The views of the analyses under way, by the identity of their buckets (:func:`column`).
+#: Weak: a view leaves with its context, so nothing outlives the analysis that built it.
+_VIEWS: weakref.WeakValueDictionary[int, GpuView] = weakref.WeakValueDictionary()
 
 
 def _main(present: tuple[TenantBucket, ...]) -> str:
@@ -326,6 +341,8 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
         buckets = data.buckets.get(gpu.uuid, ())
         tenants = by_start(data.tenancy.get(gpu.uuid, ()))
         views[gpu.uuid] = GpuView(gpu, buckets, tenants, by_uuid.get(gpu.uuid), refs[gpu.uuid])
+        if buckets:  # the empty tuple is one object for every GPU without buckets
+            _VIEWS[id(buckets)] = views[gpu.uuid]
     ib = {
         node: [h.ib_bytes_per_second for h in hosts if h.ib_bytes_per_second]
         for node, hosts in data.hosts.items()
