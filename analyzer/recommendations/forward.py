@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from itertools import pairwise
 from statistics import NormalDist
 
+import numpy as np
+
+from analyzer.context import Floats, Ints, first_seen
 from analyzer.forecast import theil_sen
 from analyzer.recommendations import quantile
 
@@ -89,6 +92,16 @@ class Trend:
         bound = math.log1p(MAX_GROWTH_PER_WEEK) / 7
         ahead = min(bound, self.slope_per_day)
         return math.exp(self.log_level + self.slope_per_day * inside + ahead * beyond)
+
+    def levels(self, times: Floats) -> list[float]:
+        """:meth:`level` at each of ``times``: the same arithmetic on the column, and
+        :func:`math.exp` per value (NumPy's ``exp`` may differ in the last bit)."""
+        x = (times - self.origin) / DAY - self.center_day
+        beyond = np.maximum(x - self.end_day, 0.0)
+        inside = x - beyond
+        ahead = min(math.log1p(MAX_GROWTH_PER_WEEK) / 7, self.slope_per_day)
+        exponent = self.log_level + self.slope_per_day * inside + ahead * beyond
+        return list(map(math.exp, exponent.tolist()))
 
     @property
     def end_day(self) -> float:
@@ -222,6 +235,13 @@ def slot_of(t: float, period_seconds: int) -> int:
     return int(((t - MONDAY_OFFSET) % WEEK) // 3600)
 
 
+def slots_of(times: Floats, period_seconds: int) -> Ints:
+    """:func:`slot_of` of each of ``times`` (the same floor arithmetic, on the column)."""
+    if period_seconds == DAY:
+        return ((times % DAY) // 3600).astype(np.int64)
+    return (((times - MONDAY_OFFSET) % WEEK) // 3600).astype(np.int64)
+
+
 @dataclass(frozen=True, slots=True)
 class Forecast:
     """The forecast's upper bound per slot (GPUs) over ``horizon`` (epoch seconds, end
@@ -268,16 +288,15 @@ def _slot_ratios(
     """Per slot, the recency-weighted ``q`` quantile and median of demand over the trend's
     level; a slot never seen takes the largest quantile of the others."""
     newest = max(times)
-    values: dict[int, list[float]] = {}
-    weights: dict[int, list[float]] = {}
-    for t, d in zip(times, demand, strict=True):
-        key = slot_of(t, period_seconds)
-        values.setdefault(key, []).append(d / trend.level(t))
-        weights.setdefault(key, []).append(0.5 ** ((newest - t) / half_life_seconds))
-    stats = {
-        key: (quantile(v, q, weights[key]), quantile(v, 0.5, weights[key]))
-        for key, v in values.items()
-    }
+    at = np.asarray(times, dtype=np.float64)
+    ratios = (np.asarray(demand, dtype=np.float64) / trend.levels(at)).tolist()
+    weights = [0.5**age for age in ((newest - at) / half_life_seconds).tolist()]
+    slots = slots_of(at, period_seconds)
+    stats = {}
+    for key in first_seen(slots):  # each slot's values in time order
+        mine = np.flatnonzero(slots == key).tolist()
+        v, w = [ratios[i] for i in mine], [weights[i] for i in mine]
+        stats[key] = (quantile(v, q, w), quantile(v, 0.5, w))
     fallback = max(stats.values())
     return [stats.get(s, fallback) for s in range(period_seconds // 3600)]
 
