@@ -35,7 +35,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from analyzer.context import Floats, Ints, first_seen
+from analyzer.context import Floats, Ints, first_seen, running_sum
 from analyzer.forecast import theil_sen
 from analyzer.recommendations import quantile
 
@@ -194,18 +194,18 @@ def _shrunk(slope: float, var_slope: float) -> tuple[float, float]:
 def _daily_means(
     times: Sequence[float], demand: Sequence[float], origin: float
 ) -> list[tuple[int, float]]:
-    """(day index from ``origin``, mean demand) for the days seen well enough."""
-    sums: dict[int, float] = {}
-    counts: dict[int, int] = {}
-    for t, d in zip(times, demand, strict=True):
-        day = int((t - origin) // DAY)
-        sums[day] = sums.get(day, 0.0) + d
-        counts[day] = counts.get(day, 0) + 1
-    expected = max(counts.values(), default=0)
+    """(day index from ``origin``, mean demand) for the days seen well enough; each day's sum
+    in time order (:func:`analyzer.context.running_sum`, the floats of a loop of +=)."""
+    if len(times) != len(demand):
+        raise ValueError("_daily_means: times and demand differ in length")
+    values = np.asarray(demand, dtype=np.float64)
+    days = ((np.asarray(times, dtype=np.float64) - origin) // DAY).astype(np.int64)
+    distinct, counts = np.unique(days, return_counts=True)
+    expected = int(counts.max()) if len(counts) else 0
     return [
-        (day, sums[day] / counts[day])
-        for day in sorted(sums)
-        if counts[day] >= MIN_DAY_COVERAGE * expected
+        (day, running_sum(0.0, values[days == day]) / n)
+        for day, n in zip(distinct.tolist(), counts.tolist(), strict=True)
+        if n >= MIN_DAY_COVERAGE * expected
     ]
 
 
