@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import operator
 import statistics
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +55,17 @@ IDLE_CODE = CLASS_CODES.index("idle")
 
 
 def column(buckets: Sequence[Bucket], name: str) -> Floats:
-    """One field of ``buckets`` as a float array, NaN where it was not reported (``None``)."""
+    """One field of ``buckets`` as a float array, NaN where it was not reported (``None``).
+    When ``buckets`` are a live view's (:data:`_VIEWS`), the view's column: built once per
+    analysis for the detectors, the books, the summary and the recommendations alike. Shared,
+    so read-only by contract."""
+    view = _VIEWS.get(id(buckets))
+    if view is not None and view.buckets is buckets:
+        return view.col(name)
+    return _column(buckets, name)
+
+
+def _column(buckets: Sequence[Bucket], name: str) -> Floats:
     return np.array(list(map(operator.itemgetter(Bucket._fields.index(name)), buckets)), float)
 
 
@@ -153,7 +165,7 @@ class GpuView:
         not reported; built once per field and GPU, on first use."""
         known = self._columns.get(name)
         if known is None:
-            known = self._columns[name] = column(self.buckets, name)
+            known = self._columns[name] = _column(self.buckets, name)
         return known
 
     @functools.cached_property
@@ -212,8 +224,25 @@ class GpuView:
     @functools.cached_property
     def main_tenants(self) -> tuple[str | None, ...]:
         """:meth:`main_tenant` of each bucket."""
-        mains = [_main(self.tenants[t]) for t in self.tenant_times]
-        return tuple(mains[k] if k >= 0 else None for k in self.tenant_index.tolist())
+        names = self.main_names
+        return tuple(names[k] if k >= 0 else None for k in self.main_codes.tolist())
+
+    @functools.cached_property
+    def main_names(self) -> tuple[str, ...]:
+        """The distinct main tenants (:meth:`main_tenant`), as first seen in time."""
+        return tuple(dict.fromkeys(self._main_by_time))
+
+    @functools.cached_property
+    def main_codes(self) -> Ints:
+        """For each bucket, its main tenant as an index into :attr:`main_names`, or -1 for
+        none: the detectors group and look up by code, not bucket by bucket by name."""
+        position = {name: i for i, name in enumerate(self.main_names)}
+        by_time = np.array([position[n] for n in self._main_by_time] + [-1], dtype=np.int64)
+        return by_time[self.tenant_index]  # -1 picks the trailing "none"
+
+    @functools.cached_property
+    def _main_by_time(self) -> list[str]:
+        return [_main(self.tenants[t]) for t in self.tenant_times]
 
     @functools.cached_property
     def _main_by_start(self) -> dict[float, object]:
@@ -221,6 +250,10 @@ class GpuView:
 
 
 _UNKNOWN = object()
+
+#: The views of the analyses under way, by the identity of their buckets (:func:`column`).
+#: Weak: a view leaves with its context, so nothing outlives the analysis that built it.
+_VIEWS: weakref.WeakValueDictionary[int, GpuView] = weakref.WeakValueDictionary()
 
 
 def _main(present: tuple[TenantBucket, ...]) -> str:
@@ -239,12 +272,64 @@ class Context:
     views: dict[str, GpuView]
     idle_watts: dict[str, float]
     bucket_hours: float
-    #: Host and cgroup buckets by (node, start) and (node, cgroup, start), indexed once: the
-    #: detectors look them up for every GPU interval.
-    host_at: dict[tuple[str, float], HostBucket] = field(default_factory=dict)
-    cgroup_at: dict[tuple[str, str, float], CgroupBucket] = field(default_factory=dict)
     #: Each node's median InfiniBand traffic over the window (bytes/s), where reported.
     ib_median: dict[str, float] = field(default_factory=dict)
+    #: Host and cgroup buckets as columns by node and by (node, cgroup), built on first use:
+    #: the detectors look up whole spans of GPU intervals at once.
+    _host_columns: dict[str, TimeColumns] = field(default_factory=dict)
+    _cgroup_columns: dict[tuple[str, str], TimeColumns] = field(default_factory=dict)
+
+    def hosts(self, node: str) -> TimeColumns:
+        """The node's host buckets (:class:`analyzer.load.HostBucket`) as columns."""
+        known = self._host_columns.get(node)
+        if known is None:
+            known = TimeColumns(self.data.hosts.get(node, ()))
+            self._host_columns[node] = known
+        return known
+
+    def cgroup(self, node: str, cgroup: str) -> TimeColumns:
+        """The cgroup's buckets on the node (:class:`analyzer.load.CgroupBucket`) as columns."""
+        key = (node, cgroup)
+        known = self._cgroup_columns.get(key)
+        if known is None:
+            known = TimeColumns(self.data.cgroups.get(key, ()))
+            self._cgroup_columns[key] = known
+        return known
+
+
+class TimeColumns:
+    """Records with a ``start`` (host or cgroup buckets) as float columns in time order, NaN
+    where not reported; each column built on first use."""
+
+    def __init__(self, records: Sequence[HostBucket | CgroupBucket]) -> None:
+        self._records = records
+        starts = np.array([r.start for r in records], dtype=np.float64)
+        # Stable: of two records with one start the later wins, as a dict by start would have.
+        self._order = np.argsort(starts, kind="stable")
+        self.starts = starts[self._order]
+        self._columns: dict[str, Floats] = {}
+
+    def col(self, name: str) -> Floats:
+        known = self._columns.get(name)
+        if known is None:
+            values = [getattr(r, name) for r in self._records]
+            known = self._columns[name] = np.array(values, dtype=np.float64)[self._order]
+        return known
+
+    def take(self, name: str, at: Ints) -> Floats:
+        """Column ``name`` at positions ``at`` (from :meth:`at`), NaN where -1."""
+        values = self.col(name)
+        if not len(values):
+            return np.full(len(at), np.nan)
+        return np.where(at >= 0, values[at], np.nan)
+
+    def at(self, starts: Floats) -> Ints:
+        """For each of ``starts``, the position of the record with that start, or -1."""
+        i = np.searchsorted(self.starts, starts, side="right") - 1
+        if not len(self.starts):
+            return np.full(len(starts), -1, dtype=np.int64)
+        found = (i >= 0) & (self.starts[np.maximum(i, 0)] == starts)
+        return np.where(found, i, -1)
 
 
 def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds) -> Context:
@@ -254,16 +339,10 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
     views = {}
     for gpu in data.gpus:
         buckets = data.buckets.get(gpu.uuid, ())
-        tenants: dict[float, list[TenantBucket]] = {}
-        for tb in data.tenancy.get(gpu.uuid, ()):
-            tenants.setdefault(tb.start, []).append(tb)
-        views[gpu.uuid] = GpuView(
-            gpu,
-            buckets,
-            {k: tuple(v) for k, v in tenants.items()},
-            by_uuid.get(gpu.uuid),
-            refs[gpu.uuid],
-        )
+        tenants = by_start(data.tenancy.get(gpu.uuid, ()))
+        views[gpu.uuid] = GpuView(gpu, buckets, tenants, by_uuid.get(gpu.uuid), refs[gpu.uuid])
+        if buckets:  # the empty tuple is one object for every GPU without buckets
+            _VIEWS[id(buckets)] = views[gpu.uuid]
     ib = {
         node: [h.ib_bytes_per_second for h in hosts if h.ib_bytes_per_second]
         for node, hosts in data.hosts.items()
@@ -274,14 +353,24 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
         views,
         {uuid: ref.idle_watts for uuid, ref in refs.items()},
         data.bucket_seconds / 3600.0,
-        host_at={(node, h.start): h for node, hosts in data.hosts.items() for h in hosts},
-        cgroup_at={
-            (node, cgroup, cb.start): cb
-            for (node, cgroup), buckets in data.cgroups.items()
-            for cb in buckets
-        },
         ib_median={node: statistics.median(rates) for node, rates in ib.items() if rates},
     )
+
+
+def by_start(tenancy: Sequence[TenantBucket]) -> dict[float, tuple[TenantBucket, ...]]:
+    """A GPU's tenant buckets grouped by start, starts in first-seen order. The loader gives
+    them in time order, so the groups are runs (one ``groupby`` in C, not an append per
+    tenant bucket); in any other order, grouped one by one."""
+    starts = np.fromiter(map(_START, tenancy), np.float64, len(tenancy))
+    if np.all(starts[1:] >= starts[:-1]):
+        return {t: tuple(run) for t, run in itertools.groupby(tenancy, _START)}
+    grouped: dict[float, list[TenantBucket]] = {}
+    for tb in tenancy:
+        grouped.setdefault(tb.start, []).append(tb)
+    return {t: tuple(run) for t, run in grouped.items()}
+
+
+_START = operator.attrgetter("start")
 
 
 def gpu_name(view: GpuView) -> str:

@@ -31,10 +31,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+import numpy as np
+
 from analyzer.changepoint import mean_shift
 from analyzer.classify import pearson
-from analyzer.context import Context, Detected, Finding, GpuView, gpu_name, hours
-from analyzer.load import Bucket, HostBucket
+from analyzer.context import Context, Detected, Finding, Floats, GpuView, gpu_name, hours
+from analyzer.load import HostBucket
 from analyzer.workload import identity
 
 BASELINE_SECONDS = 6 * 3600.0
@@ -53,7 +55,7 @@ class _Overlap:
 def detect(ctx: Context, explained: frozenset[tuple[str, float]] = frozenset()) -> Detected:
     """Noisy neighbours; each finding explains its GPU's intervals within its window."""
     out: list[Finding] = []
-    solo = _solo_index(ctx)
+    solo = _Solo(ctx)
     for view in ctx.views.values():
         out += _co_tenants(ctx, view, solo)
     for node, host in sorted(ctx.data.hosts.items()):
@@ -83,7 +85,8 @@ def _overlaps(ctx: Context, view: GpuView) -> list[_Overlap]:
     """Pairs of tenants present together, as maximal runs of buckets."""
     step = ctx.data.bucket_seconds
     runs: dict[tuple[str, str], list[list[float]]] = {}
-    for t in sorted(view.tenants):
+    shared = sorted(t for t, present in view.tenants.items() if len(present) > 1)
+    for t in shared:  # a bucket with one tenant pairs none
         names = sorted({tb.tenant for tb in view.tenants[t]})
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
@@ -151,7 +154,21 @@ def _solo_index(ctx: Context) -> SoloIndex:
     return out
 
 
-def _co_tenants(ctx: Context, view: GpuView, solo: SoloIndex) -> list[Finding]:
+class _Solo:
+    """:func:`_solo_index`, built on first use: only a victim that never ran alone near its
+    overlap needs it, and most fleets have none (it walks every tenant bucket)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._index: SoloIndex | None = None
+
+    def rows(self, key: str, model: str | None) -> list[tuple[str, float, str, float]]:
+        if self._index is None:
+            self._index = _solo_index(self._ctx)
+        return self._index.get((key, model), [])
+
+
+def _co_tenants(ctx: Context, view: GpuView, solo: _Solo) -> list[Finding]:
     overlaps = _overlaps(ctx, view)
     nearby: dict[tuple[str, float], _Level] = {}
     for o in overlaps:
@@ -174,7 +191,7 @@ def _without_nearby(
     view: GpuView,
     o: _Overlap,
     nearby: dict[tuple[str, float], _Level],
-    solo: SoloIndex,
+    solo: _Solo,
 ) -> Finding | None:
     """The victim never ran alone around the overlap (the two started together, or it arrived
     second). On a saturated GPU it is measured against the same workload's solo level on the
@@ -202,7 +219,7 @@ def _without_nearby(
 
 
 def _reference(
-    ctx: Context, view: GpuView, o: _Overlap, tenant: str, solo: SoloIndex
+    ctx: Context, view: GpuView, o: _Overlap, tenant: str, solo: _Solo
 ) -> _Reference | None:
     """``tenant``'s slowdown during ``o`` against its workload's level when it ran alone on a
     GPU of the same model (any GPU, any time in the window); ``None`` when it never did for
@@ -210,7 +227,7 @@ def _reference(
     key = _workload_key(ctx, tenant)
     alone = [
         row
-        for row in solo.get((key, view.info.model), ())
+        for row in solo.rows(key, view.info.model)
         if row[0] != view.info.uuid or not o.start <= row[1] < o.end
     ]
     during = [v for t, v in _series(view, tenant).items() if o.start <= t < o.end]
@@ -467,13 +484,12 @@ def _cpu_aggressor(
     return best
 
 
-def _throughput(ctx: Context, view: GpuView, b: Bucket) -> float | None:
-    """Work done in a bucket: SM activity when reported, else power above idle."""
-    if b.sm_active is not None:
-        return b.sm_active
-    if b.power_watts is None:
-        return None
-    return max(b.power_watts - ctx.idle_watts.get(view.info.uuid, 0.0), 0.0)
+def _throughput(ctx: Context, view: GpuView) -> Floats:
+    """Work done in each bucket: SM activity when reported, else power above idle (NaN:
+    neither reported)."""
+    sm = view.col("sm_active")
+    above = np.maximum(view.col("power_watts") - ctx.idle_watts.get(view.info.uuid, 0.0), 0.0)
+    return np.where(np.isnan(sm), above, sm)
 
 
 def _cpu_victim(
@@ -483,27 +499,19 @@ def _cpu_victim(
     victim = view.main_tenant(start)
     if victim is None or victim == aggressor:
         return None
-    before = [
-        (b.start, _throughput(ctx, view, b))
-        for b in view.buckets
-        if start - BASELINE_SECONDS <= b.start < start and view.main_tenant(b.start) == victim
-    ]
-    during = [
-        (b.start, _throughput(ctx, view, b))
-        for b in view.buckets
-        if start <= b.start < end and view.main_tenant(b.start) == victim
-    ]
-    solo = [v for _, v in before if v is not None]
-    slowed = [v for _, v in during if v is not None]
+    starts, work = view.starts, _throughput(ctx, view)
+    mine = (view.main_codes == view.main_names.index(victim)) & ~np.isnan(work)
+    before = mine & (start - BASELINE_SECONDS <= starts) & (starts < start)
+    during = mine & (start <= starts) & (starts < end)
+    solo, slowed = work[before].tolist(), work[during].tolist()
     if len(solo) < 3 or len(slowed) < 3 or statistics.fmean(solo) <= 0:
         return None
     slowdown = 1.0 - statistics.fmean(slowed) / statistics.fmean(solo)
     if slowdown < th.noisy_min_slowdown_ratio:
         return None
-    series = [v for _, v in before + during if v is not None]
-    shift = mean_shift(series, min_size=2)
+    shift = mean_shift(solo + slowed, min_size=2)
     step = ctx.data.bucket_seconds
-    times = [t for t, v in before + during if v is not None]
+    times = starts[before].tolist() + starts[during].tolist()
     if shift is None or abs(times[shift.index] - start) > 3 * step:
         return None
     o = _Overlap(victim, aggressor, start, end)

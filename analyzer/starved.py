@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import itertools
 import math
 import statistics
 from collections import Counter
@@ -53,9 +52,11 @@ from analyzer.context import (
     Floats,
     GpuView,
     Ints,
+    Mask,
+    add_by,
     gpu_name,
+    running_sum,
 )
-from analyzer.load import CgroupBucket, HostBucket
 from store.schema import FED_CLASSES
 
 NOISE = 0.05  # waiting below this share of an interval is measurement noise
@@ -97,13 +98,32 @@ class _Job:
     reference: str = "its own busiest intervals"
 
 
-@dataclass(frozen=True, slots=True)
-class _Loss:
-    start: float
-    lost: float  # share of the interval spent waiting (0..1)
-    cause: str
-    util: float | None
-    power_share: float | None  # power above idle relative to the fed level
+#: The causes, in the order of the module's table; a loss's cause is an index into this.
+CAUSES = ("throttled", "communication", "network", "input_cpu", "input_io", "unknown")
+THROTTLED, COMMUNICATION, NETWORK, INPUT_CPU, INPUT_IO, UNKNOWN = range(len(CAUSES))
+_EVIDENCED_CODES = [CAUSES.index(c) for c in EVIDENCED]
+
+
+@dataclass(frozen=True)
+class _Losses:
+    """A member's waiting intervals as columns: positions in the member's buckets, the share
+    of each spent waiting (0..1), its cause (an index into :data:`CAUSES`), utilization and
+    power above idle relative to the fed level (NaN: not reported)."""
+
+    pos: Ints
+    lost: Floats
+    cause: Ints
+    util: Floats
+    power_share: Floats
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    def only(self, keep: Mask) -> _Losses:
+        return _Losses(
+            self.pos[keep], self.lost[keep], self.cause[keep], self.util[keep],
+            self.power_share[keep],
+        )  # fmt: skip
 
 
 def detect(ctx: Context, explained: frozenset[tuple[str, float]] = frozenset()) -> Detected:
@@ -146,7 +166,7 @@ def evaluate(
     return out
 
 
-def _job_cadence(members: list[tuple[_Member, list[_Loss]]], bucket_seconds: int) -> float | None:
+def _job_cadence(members: list[tuple[_Member, _Losses]], bucket_seconds: int) -> float | None:
     """The job's checkpoint cadence (minutes), when its waits in collectives recur regularly:
     the cycle of dips its GPUs' class evidence names (:attr:`Segment.cycle_minutes`, the most
     common over its GPUs), else the median gap between those waits. One figure per job, which
@@ -154,12 +174,8 @@ def _job_cadence(members: list[tuple[_Member, list[_Loss]]], bucket_seconds: int
     class evidence name (issue 24: 50 min in the notice, 90 in the split and the class)."""
     periods = [
         p
-        for _, losses in members
-        if (
-            p := _period_minutes(
-                [x for x in losses if x.cause in ("communication", "network")], bucket_seconds
-            )
-        )
+        for m, losses in members
+        if (p := _period_minutes(m, losses.only(_in_collective(losses)), bucket_seconds))
         is not None
     ]
     if not periods:
@@ -168,6 +184,10 @@ def _job_cadence(members: list[tuple[_Member, list[_Loss]]], bucket_seconds: int
     if cycles:
         return max(cycles, key=lambda c: (cycles[c], -c))
     return statistics.median(periods)
+
+
+def _in_collective(losses: _Losses) -> Mask:
+    return np.isin(losses.cause, [COMMUNICATION, NETWORK])
 
 
 def _cycle_minutes(m: _Member) -> float | None:
@@ -188,18 +208,18 @@ def _cycle_minutes(m: _Member) -> float | None:
 def _jobs(ctx: Context) -> list[_Job]:
     """Held training and batch intervals, grouped by the tenant that held them (a Slurm job, a
     pod...), else per GPU."""
-    groups: dict[str, dict[str, list[int]]] = {}
+    groups: dict[str, dict[str, Ints]] = {}
     for uuid, view in sorted(ctx.views.items()):
-        mains = view.main_tenants
-        keep = view.held_mask(ctx.thresholds) & (view.class_codes != IDLE_CODE)
-        for i in np.flatnonzero(keep).tolist():
-            name = mains[i] or f"the workload on {gpu_name(view)}"
-            groups.setdefault(name, {}).setdefault(uuid, []).append(i)
+        keep = np.flatnonzero(view.held_mask(ctx.thresholds) & (view.class_codes != IDLE_CODE))
+        codes = view.main_codes[keep]
+        for code in np.unique(codes).tolist():
+            name = view.main_names[code] if code >= 0 else f"the workload on {gpu_name(view)}"
+            mine = groups.setdefault(name, {})
+            held = keep[codes == code]
+            mine[uuid] = np.sort(np.concatenate((mine[uuid], held))) if uuid in mine else held
     jobs = []
     for name, by_gpu in sorted(groups.items()):
-        members = [
-            _Member(ctx.views[u], np.array(ix, dtype=np.int64)) for u, ix in sorted(by_gpu.items())
-        ]
+        members = [_Member(ctx.views[u], ix) for u, ix in sorted(by_gpu.items())]
         nodes = len({m.view.info.node for m in members})
         jobs.append(_Job(name, members, nodes=nodes))
     return jobs
@@ -278,16 +298,32 @@ def _straggler(ctx: Context, job: _Job) -> None:
 # -- per interval ---------------------------------------------------------------------------------
 
 
-def _comm_waits(ctx: Context, job: _Job) -> Counter[float]:
+class _CommWaits(NamedTuple):
+    """Per interval (a bucket start, in order), how many of the job's GPUs wait at high
+    utilization (in a collective)."""
+
+    starts: Floats
+    counts: Ints
+
+    def at(self, starts: Floats) -> Ints:
+        """The count at each of ``starts`` (0 where none waits)."""
+        if not len(self.starts):
+            return np.zeros(len(starts), dtype=np.int64)
+        i = np.minimum(np.searchsorted(self.starts, starts), len(self.starts) - 1)
+        return np.where(self.starts[i] == starts, self.counts[i], 0)
+
+
+def _comm_waits(ctx: Context, job: _Job) -> _CommWaits:
     """Per interval, how many of the job's GPUs wait at high utilization (in a collective)."""
     th = ctx.thresholds
-    waits: Counter[float] = Counter()
+    waiting_at = [np.empty(0)]
     for m in job.members:
         share = _power_share(ctx, job, m)
         with np.errstate(invalid="ignore"):
             waiting = (m.col("util") >= th.collective_util_ratio) & (1.0 - share >= 0.25)
-        waits.update(m.starts[waiting].tolist())
-    return waits
+        waiting_at.append(m.starts[waiting])
+    starts, counts = np.unique(np.concatenate(waiting_at), return_counts=True)
+    return _CommWaits(starts, counts)
 
 
 def _power_share(ctx: Context, job: _Job, m: _Member) -> Floats:
@@ -301,10 +337,12 @@ def _power_share(ctx: Context, job: _Job, m: _Member) -> Floats:
 
 
 def _losses(
-    ctx: Context, job: _Job, m: _Member, comm_waits: Counter[float], done: dict[str, set[float]]
-) -> list[_Loss]:
-    """The member's waiting intervals: the share lost to waiting and to clock throttling for
-    all its buckets at once, then a cause for each bucket that lost at least ``NOISE``."""
+    ctx: Context, job: _Job, m: _Member, comm_waits: _CommWaits, done: dict[str, set[float]]
+) -> _Losses:
+    """The member's waiting intervals: the share lost to waiting and to clock throttling, and
+    its cause (:func:`_causes`), for all its buckets at once. A wait within a collective's
+    normal spread, or one with a cause that needs a fed class on a GPU of another class, is no
+    loss; nor is an interval an earlier detector explained (``done``)."""
     th = ctx.thresholds
     util, share = m.col("util"), _power_share(ctx, job, m)
     wait = np.where(np.isnan(share), 1.0 - np.nan_to_num(util), 1.0 - share)
@@ -317,124 +355,123 @@ def _losses(
         clock_loss[hit] = np.maximum(1.0 - clock[hit] / job.clock_ref, 0.0)
     lost = 1.0 - (1.0 - wait) * (1.0 - clock_loss)
     measured = ~(np.isnan(share) & np.isnan(util))  # absent is not zero
-    # What _loss decides without the host's or the cgroup's evidence, decided here for all
-    # buckets: a wait within a collective's normal spread, or one with a cause that needs a
-    # fed class on a GPU of another class, is no loss.
     clocked = clock_loss >= wait
     with np.errstate(invalid="ignore"):
         collective = ~clocked & (util >= th.collective_util_ratio)
+    # What is left after a collective's normal rank-to-rank spread.
     left = np.where(collective, np.maximum(lost - th.collective_allowance_ratio, 0.0), lost)
     fed = np.isin(m.view.class_codes[m.index], _FED_CODES)
     keep = measured & (lost >= NOISE) & (left >= NOISE) & (fed | ~(clocked | collective))
+    skip = done.get(m.view.info.uuid)
+    if skip:
+        keep &= ~np.isin(m.starts, list(skip))
     c = np.flatnonzero(keep)
-    skip = done.get(m.view.info.uuid, set())
-    starts, losts = m.starts[c].tolist(), lost[c].tolist()
-    optional = [_optional(x) for x in (share[c], util[c], m.col("util_min")[c])]
-    clocked_c = clocked[c].tolist()
-    fed_c = fed[c].tolist()
-    out = []
-    for j, start in enumerate(starts):
-        if start in skip:
-            continue
-        w = _Wait(start, losts[j], optional[0][j], optional[1][j], optional[2][j], clocked_c[j])
-        x = _loss(ctx, job, m, w, comm_waits)
-        if x is not None and (fed_c[j] or x.cause in EVIDENCED):
-            out.append(x)
-    return out
+    cause = _causes(ctx, job, m, c, clocked[c], collective[c], comm_waits)
+    losses = _Losses(c, left[c], cause, util[c], share[c])
+    return losses.only(fed[c] | np.isin(cause, _EVIDENCED_CODES))
 
 
-def _optional(values: Floats) -> list[float | None]:
-    """The values as Python floats, ``None`` for NaN (not reported)."""
-    return [None if math.isnan(x) else x for x in values.tolist()]
-
-
-class _Wait(NamedTuple):
-    """One bucket's waiting, measured (``None``: not reported)."""
-
-    start: float
-    lost: float
-    share: float | None
-    util: float | None
-    util_min: float | None
-    clocked: bool  # the clock loss is the larger part
-
-
-def _loss(
-    ctx: Context, job: _Job, m: _Member, w: _Wait, comm_waits: Counter[float]
-) -> _Loss | None:
-    """The cause of a bucket's waiting, and the share left after a collective's normal
-    spread."""
-    th = ctx.thresholds
-    lost, util = w.lost, w.util
-    if w.clocked:
-        cause = "throttled"
-    elif util is not None and util >= th.collective_util_ratio:
-        cause = "network" if _ib_surge(ctx, m.view.info.node, w.start) else "communication"
-        lost = max(lost - th.collective_allowance_ratio, 0.0)  # normal rank-to-rank spread
-        if lost < NOISE:
-            return None
-    else:
-        cause = _input_cause(ctx, job, m, w.start, w.util_min, comm_waits)
-    return _Loss(w.start, lost, cause, util, w.share)
-
-
-def _input_cause(
+def _causes(
     ctx: Context,
     job: _Job,
     m: _Member,
-    start: float,
-    util_min: float | None,
-    comm_waits: Counter[float],
-) -> str:
+    c: Ints,
+    clocked: Mask,
+    collective: Mask,
+    comm_waits: _CommWaits,
+) -> Ints:
+    """The cause of the waiting in each of the member's buckets at positions ``c``, from the
+    evidence in that bucket (the module's table), the first rule that holds:
+
+    1. the clock loss is the larger part: ``throttled``;
+    2. utilization stays high (in a collective): ``network`` while the node's InfiniBand
+       traffic surges, else ``communication``;
+    3. half the job's GPUs wait in a collective: ``communication`` (the rank the others wait
+       for, a checkpoint writer);
+    4. seen idle, and the job's cgroup, else the host, has no CPU left: ``input_cpu``;
+    5. seen idle under iowait or I/O pressure on the host: ``input_io``;
+    6. seen idle on a multi-node job while InfiniBand surges: ``network``;
+    7. else ``unknown``."""
     th = ctx.thresholds
-    seen_idle = util_min is not None and util_min <= th.input_idle_util_ratio
-    peers_waiting = comm_waits.get(start, 0) >= max(1, len(job.members) // 2)
-    if peers_waiting:
-        return "communication"  # the rank the others wait for (a checkpoint writer)
-    if seen_idle:
-        cg = _cgroup_at(ctx, m, start)
-        cores = cg.cpu_cores if cg is not None else None
-        limit = cg.cpu_limit_cores if cg is not None else None
-        if cores is not None and limit and cores >= th.cpu_saturated_ratio * limit:
-            return "input_cpu"
-        host = _host_at(ctx, m.view.info.node, start)
-        if host is not None:
-            if (host.cpu_busy_ratio or 0.0) >= th.cpu_saturated_ratio:
-                return "input_cpu"
-            if (host.cpu_iowait_ratio or 0.0) >= th.io_wait_ratio or (
-                host.psi_io_some_ratio or 0.0
-            ) >= th.io_pressure_ratio:
-                return "input_io"
-        if job.nodes > 1 and _ib_surge(ctx, m.view.info.node, start):
-            return "network"
-    return "unknown"
+    node = m.view.info.node
+    starts = m.starts[c]
+    surge = _ib_surge(ctx, node, starts)
+    peers = comm_waits.at(starts) >= max(1, len(job.members) // 2)
+    with np.errstate(invalid="ignore"):
+        seen_idle = m.col("util_min")[c] <= th.input_idle_util_ratio
+    _, cores, limit = _cgroups(ctx, m, c)
+    with np.errstate(invalid="ignore"):
+        cgroup_cpu = (np.nan_to_num(limit) != 0) & (cores >= th.cpu_saturated_ratio * limit)
+    host_cpu, host_io = _host_pressure(ctx, node, starts)
+    rules = [
+        (clocked, THROTTLED),
+        (collective & surge, NETWORK),
+        (collective, COMMUNICATION),
+        (peers, COMMUNICATION),
+        (seen_idle & (cgroup_cpu | host_cpu), INPUT_CPU),
+        (seen_idle & host_io, INPUT_IO),
+        (seen_idle & surge & (job.nodes > 1), NETWORK),
+    ]
+    return np.select([r for r, _ in rules], [code for _, code in rules], default=UNKNOWN)
 
 
-def _cgroup_at(ctx: Context, m: _Member, t: float) -> CgroupBucket | None:
-    tenant = ctx.data.tenants.get(m.view.main_tenant(t) or "")
-    if tenant is None or tenant.cgroup is None:
-        return None
-    return ctx.cgroup_at.get((m.view.info.node, tenant.cgroup, t))
+def _cgroups(ctx: Context, m: _Member, c: Ints) -> tuple[Mask, Floats, Floats]:
+    """For the member's buckets at positions ``c``: whether the cgroup of the bucket's main
+    tenant reported then, and its CPU cores in use and its limit (NaN: not reported)."""
+    view = m.view
+    starts = m.starts[c]
+    codes = view.main_codes[m.index[c]]
+    found = np.zeros(len(c), dtype=np.bool_)
+    cores = np.full(len(c), np.nan)
+    limit = np.full(len(c), np.nan)
+    for code in np.unique(codes).tolist():
+        tenant = ctx.data.tenants.get(view.main_names[code] if code >= 0 else "")
+        if tenant is None or tenant.cgroup is None:
+            continue
+        columns = ctx.cgroup(view.info.node, tenant.cgroup)
+        mine = np.flatnonzero(codes == code)
+        at = columns.at(starts[mine])
+        hit, at = mine[at >= 0], at[at >= 0]
+        found[hit] = True
+        cores[hit] = columns.col("cpu_cores")[at]
+        limit[hit] = columns.col("cpu_limit_cores")[at]
+    return found, cores, limit
 
 
-def _host_at(ctx: Context, node: str, t: float) -> HostBucket | None:
-    return ctx.host_at.get((node, t))
+def _host_pressure(ctx: Context, node: str, starts: Floats) -> tuple[Mask, Mask]:
+    """At each of ``starts``: the node's CPUs saturated, and (else) its I/O waiting or under
+    pressure; a counter not reported counts as 0."""
+    th = ctx.thresholds
+    host = ctx.hosts(node)
+    at = host.at(starts)
+    found = at >= 0
+
+    def ratio(name: str) -> Floats:
+        return np.nan_to_num(host.take(name, at))
+
+    cpu = found & (ratio("cpu_busy_ratio") >= th.cpu_saturated_ratio)
+    io = (ratio("cpu_iowait_ratio") >= th.io_wait_ratio) | (
+        ratio("psi_io_some_ratio") >= th.io_pressure_ratio
+    )
+    return cpu, found & ~cpu & io
 
 
-def _ib_surge(ctx: Context, node: str, t: float) -> bool:
-    """The node's busiest InfiniBand port carries at least twice its median traffic."""
+def _ib_surge(ctx: Context, node: str, starts: Floats) -> Mask:
+    """At each of ``starts``: the node's busiest InfiniBand port carries at least twice its
+    median traffic."""
     median = ctx.ib_median.get(node)
-    now = _host_at(ctx, node, t)
-    if median is None or now is None or not now.ib_bytes_per_second:
-        return False
-    return now.ib_bytes_per_second >= 2.0 * median
+    if median is None:
+        return np.zeros(len(starts), dtype=np.bool_)
+    host = ctx.hosts(node)
+    now = np.nan_to_num(host.take("ib_bytes_per_second", host.at(starts)))
+    return np.asarray((now != 0) & (now >= 2.0 * median))
 
 
 # -- the finding ----------------------------------------------------------------------------------
 
 
 def _finding(
-    ctx: Context, job: _Job, m: _Member, losses: list[_Loss], cadence: float | None = None
+    ctx: Context, job: _Job, m: _Member, losses: _Losses, cadence: float | None = None
 ) -> tuple[Finding, bool]:
     """The GPU's finding, and whether it passes the thresholds."""
     th = ctx.thresholds
@@ -443,13 +480,12 @@ def _finding(
     counts = np.bincount(view.class_codes[m.index], minlength=len(CLASS_CODES))
     classes = {CLASS_CODES[c]: int(counts[c]) for c in np.flatnonzero(counts).tolist()}
     gpu_class = max(classes, key=lambda c: (classes[c], c))
-    lost_hours = sum(x.lost for x in losses) * ctx.bucket_hours
+    lost_hours = running_sum(0.0, losses.lost) * ctx.bucket_hours
     ratio = lost_hours / held_hours
     minimum = th.starved_min_ratio if gpu_class == "training" else th.starved_min_ratio_batch
     above = ratio >= minimum and lost_hours >= th.starved_min_gpu_hours
     by_cause: dict[str, float] = {}
-    for x in losses:
-        by_cause[x.cause] = by_cause.get(x.cause, 0.0) + x.lost * ctx.bucket_hours
+    add_by(by_cause, losses.cause, losses.lost * ctx.bucket_hours, CAUSES)
     ranked = sorted(by_cause.items(), key=lambda kv: (-kv[1], kv[0]))
     cause = ranked[0][0] if ranked else "none"
     if cause == "unknown" and len(ranked) > 1 and ranked[1][1] >= 0.5 * ranked[0][1]:
@@ -472,8 +508,8 @@ def _finding(
         details.append(("checkpoint_minutes", round(cadence, 1)))
     if job.straggler is not None:
         details.append(("straggler", job.straggler.worker))
-    first = losses[0].start if losses else float(m.starts[0])
-    last = losses[-1].start if losses else float(m.starts[-1])
+    starts = m.starts[losses.pos] if len(losses) else m.starts
+    first, last = float(starts[0]), float(starts[-1])
     finding = Finding(
         kind="starved",
         node=view.info.node,
@@ -495,12 +531,12 @@ def _who(job: _Job, view: GpuView) -> str:
 
 
 def _cause_evidence(
-    ctx: Context, job: _Job, m: _Member, losses: list[_Loss], cause: str, cadence: float | None
+    ctx: Context, job: _Job, m: _Member, losses: _Losses, cause: str, cadence: float | None
 ) -> list[str]:
-    mine = [x for x in losses if x.cause == cause]
-    utils = [x.util for x in mine if x.util is not None]
+    mine = losses.only(losses.cause == (CAUSES.index(cause) if cause in CAUSES else -1))
+    utils = _reported(mine.util)
     util_text = f"{statistics.fmean(utils):.0%}" if utils else "not reported"
-    shares = [x.power_share for x in mine if x.power_share is not None]
+    shares = _reported(mine.power_share)
     power = f"{statistics.fmean(shares):.0%} of its fed level" if shares else "not reported"
     out = []
     if cause in ("communication", "network"):
@@ -515,9 +551,9 @@ def _cause_evidence(
             "clock-event reasons report power or thermal limits; clocks below the job's best"
         )
     elif cause == "input_cpu":
-        cg = [c for x in mine if (c := _cgroup_at(ctx, m, x.start)) is not None]
-        cores = [c.cpu_cores for c in cg if c.cpu_cores is not None]
-        limit = max((c.cpu_limit_cores or 0.0) for c in cg) if cg else 0.0
+        found, cg_cores, cg_limit = _cgroups(ctx, m, mine.pos)
+        cores = _reported(cg_cores[found])
+        limit = float(np.max(np.nan_to_num(cg_limit[found]))) if found.any() else 0.0
         if cores and limit:
             out.append(
                 f"the job's cgroup used {statistics.fmean(cores):.1f} of its {limit:.0f} CPU cores "
@@ -541,15 +577,18 @@ def _cause_evidence(
     return out
 
 
-def _period_minutes(losses: list[_Loss], bucket_seconds: int) -> float | None:
-    """The typical gap between runs of waiting intervals, when they recur regularly."""
-    starts = []
-    previous = None
-    for x in losses:
-        if x.lost >= 0.3 and (previous is None or x.start - previous > bucket_seconds):
-            starts.append(x.start)
-        previous = x.start if x.lost >= 0.3 else previous
-    gaps = [b - a for a, b in itertools.pairwise(starts)]
+def _reported(values: Floats) -> list[float]:
+    """The values reported (not NaN), as Python floats."""
+    reported: list[float] = values[~np.isnan(values)].tolist()
+    return reported
+
+
+def _period_minutes(m: _Member, losses: _Losses, bucket_seconds: int) -> float | None:
+    """The typical gap between runs of waiting intervals, when they recur regularly (a run:
+    intervals that lost at least 30%, each within a bucket of the previous)."""
+    waits = m.starts[losses.pos[losses.lost >= 0.3]]
+    new_run = np.concatenate(([True], np.diff(waits) > bucket_seconds))[: len(waits)]
+    gaps = np.diff(waits[new_run]).tolist()
     if len(gaps) < 3:
         return None
     median = statistics.median(gaps)

@@ -10,7 +10,6 @@ activity, per class); per-node figures; and data coverage (missing fields, gaps,
 from __future__ import annotations
 
 import math
-import statistics
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -256,23 +255,34 @@ def sparkline(data: FleetData, f: Finding, points: int = 48) -> dict[str, list[f
     """The finding's evidence over its span, at most ``points`` values per series: utilization,
     power against the limit (or the GPU's maximum), and memory against the device."""
     gpu = next((g for g in data.gpus if g.uuid == f.uuid), None)
-    inside = [b for b in data.buckets.get(f.uuid, ()) if f.start <= b.start < f.end]
-    if gpu is None or not inside:
+    buckets = data.buckets.get(f.uuid, ())
+    starts = column(buckets, "start")
+    inside = (f.start <= starts) & (starts < f.end)
+    if gpu is None or not inside.any():
         return {}
-    step = max(1, len(inside) // points)
-    chunks = [inside[i : i + step] for i in range(0, len(inside), step)]
-    limit = gpu.power_limit_watts or max((b.power_watts or 0.0 for b in inside), default=0.0)
-    total = gpu.memory_total_bytes or max((b.memory_bytes or 0.0 for b in inside), default=0.0)
+    util, power, memory = (column(buckets, n)[inside] for n in _SPARKLINE_FIELDS)
+    step = max(1, len(util) // points)
+    limit = gpu.power_limit_watts or float(np.max(np.nan_to_num(power)))
+    total = gpu.memory_total_bytes or float(np.max(np.nan_to_num(memory)))
     return {
-        "utilization": [_mean(c, lambda b: b.util) for c in chunks],
-        "power": [_ratio(_mean(c, lambda b: b.power_watts), limit) for c in chunks],
-        "memory": [_ratio(_mean(c, lambda b: b.memory_bytes), total) for c in chunks],
+        "utilization": _means(util, step),
+        "power": [_ratio(m, limit) for m in _means(power, step)],
+        "memory": [_ratio(m, total) for m in _means(memory, step)],
     }
 
 
-def _mean(chunk: list[Bucket], get: Any) -> float | None:
-    values = [get(b) for b in chunk if get(b) is not None]
-    return statistics.fmean(values) if values else None
+_SPARKLINE_FIELDS = ("util", "power_watts", "memory_bytes")
+
+
+def _means(values: Floats, step: int) -> list[float | None]:
+    """The mean of each run of ``step`` values, not counting NaN (not reported); ``None`` for
+    a run with none (:func:`statistics.fmean`: :func:`math.fsum` over the count)."""
+    out: list[float | None] = []
+    for i in range(0, len(values), step):
+        reported = values[i : i + step]
+        reported = reported[~np.isnan(reported)]
+        out.append(math.fsum(reported.tolist()) / len(reported) if len(reported) else None)
+    return out
 
 
 def _ratio(value: float | None, ref: float | None) -> float | None:

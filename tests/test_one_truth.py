@@ -275,14 +275,16 @@ def test_reservation_size_is_one_figure(views: Views) -> None:
     for r in views.doc["recommendations"]:
         if r["kind"] != "reservation":
             continue
-        said = re.match(r"Reserve (\d+) GPUs for ", r["summary"])
+        said = re.match(r"Reserve (\d+) GPUs? for ", r["summary"])
         assert said and int(said.group(1)) == r["gpus"]
+        assert said.group(0).endswith(" GPU for " if r["gpus"] == 1 else " GPUs for ")
         assert r["gpus"] == max(r["schedule"]["gpus"]) + r["spare_gpus"]
         shown = re.search(r"the reservation schedule runs (\d+)(?: to (\d+))? GPUs", views.html)
         assert shown, "the chart's caption"
         charts = re.findall(r"the reservation schedule runs (?:\d+ to )?(\d+) GPUs", views.html)
         assert r["gpus"] in {int(c) for c in charts}
-        assert f"Reserve {r['gpus']} GPUs" in views.md and f"Reserve {r['gpus']} GPUs" in views.text
+        reserve = f"Reserve {r['gpus']} GPU{'' if r['gpus'] == 1 else 's'} "
+        assert reserve in views.md and reserve in views.text
 
 
 def test_pool_sizes_and_counts_are_one_figure(views: Views) -> None:

@@ -137,7 +137,8 @@ def test_reservations_from_a_simulated_week(serving: dict) -> None:
         assert r["quantile"] == 0.99 and r["gpus"] >= max(r["schedule"]["gpus"])
         assert r["replay"]["recommended"]["under_ratio"] <= 0.05
         assert {"gpus_freed", "gpus_needed", "risk"} <= set(r["effect"])
-        assert r["summary"].startswith(f"Reserve {r['gpus']} GPUs for ")
+        gpus = "1 GPU" if r["gpus"] == 1 else f"{r['gpus']} GPUs"  # singular for one
+        assert r["summary"].startswith(f"Reserve {gpus} for ")
     chat = max(reservations, key=lambda r: r["current_gpus"])
     assert chat["current_gpus"] == 6
     assert all(g % 2 == 0 for g in chat["schedule"]["gpus"])  # whole TP=2 replicas

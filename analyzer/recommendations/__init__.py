@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+import numpy as np
+
 from analyzer.classify import GpuVerdict
 from analyzer.context import Finding
 from analyzer.load import FleetData
@@ -158,11 +160,11 @@ def quantile(values: list[float], q: float, weights: list[float] | None = None) 
     if not values:
         return 0.0
     weights = weights or [1.0] * len(values)
-    pairs = sorted(zip(values, weights, strict=True))
+    if len(weights) != len(values):
+        raise ValueError("quantile: values and weights differ in length")
+    v, w = np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    order = np.lexsort((w, v))  # by value, then weight: as sorted() orders the pairs
     total = sum(weights)
-    running = 0.0
-    for value, weight in pairs:
-        running += weight
-        if running >= q * total - 1e-12:
-            return value
-    return pairs[-1][0]
+    running = np.cumsum(w[order])  # sequential, as a loop of +=
+    reached = np.flatnonzero(running >= q * total - 1e-12)
+    return values[int(order[reached[0]] if len(reached) else order[-1])]

@@ -11,6 +11,7 @@ leaves latency headroom.
 from __future__ import annotations
 
 import math
+import operator
 import re
 import statistics
 from collections import Counter
@@ -44,6 +45,9 @@ def service_name(tenant: str) -> str:
     return match.group(1) if match else tenant
 
 
+_TENANT = operator.attrgetter("tenant")
+
+
 def services(data: FleetData, verdicts: list[GpuVerdict]) -> list[Service]:
     """Inference services: GPUs whose overall class is inference, grouped by their tenant."""
     groups: dict[str, list[GpuInfo]] = {}
@@ -51,7 +55,7 @@ def services(data: FleetData, verdicts: list[GpuVerdict]) -> list[Service]:
     for v in verdicts:
         if v.gpu_class != "inference":
             continue
-        tenants = Counter(tb.tenant for tb in data.tenancy.get(v.info.uuid, ()))
+        tenants = Counter(map(_TENANT, data.tenancy.get(v.info.uuid, ())))
         if tenants:
             tenant = max(tenants, key=lambda t: (tenants[t], t))
             name = service_name(tenant)

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from itertools import pairwise
 from statistics import NormalDist
 
+import numpy as np
+
+from analyzer.context import Floats, Ints, first_seen, running_sum
 from analyzer.forecast import theil_sen
 from analyzer.recommendations import quantile
 
@@ -89,6 +92,16 @@ class Trend:
         bound = math.log1p(MAX_GROWTH_PER_WEEK) / 7
         ahead = min(bound, self.slope_per_day)
         return math.exp(self.log_level + self.slope_per_day * inside + ahead * beyond)
+
+    def levels(self, times: Floats) -> list[float]:
+        """:meth:`level` at each of ``times``: the same arithmetic on the column, and
+        :func:`math.exp` per value (NumPy's ``exp`` may differ in the last bit)."""
+        x = (times - self.origin) / DAY - self.center_day
+        beyond = np.maximum(x - self.end_day, 0.0)
+        inside = x - beyond
+        ahead = min(math.log1p(MAX_GROWTH_PER_WEEK) / 7, self.slope_per_day)
+        exponent = self.log_level + self.slope_per_day * inside + ahead * beyond
+        return list(map(math.exp, exponent.tolist()))
 
     @property
     def end_day(self) -> float:
@@ -181,18 +194,18 @@ def _shrunk(slope: float, var_slope: float) -> tuple[float, float]:
 def _daily_means(
     times: Sequence[float], demand: Sequence[float], origin: float
 ) -> list[tuple[int, float]]:
-    """(day index from ``origin``, mean demand) for the days seen well enough."""
-    sums: dict[int, float] = {}
-    counts: dict[int, int] = {}
-    for t, d in zip(times, demand, strict=True):
-        day = int((t - origin) // DAY)
-        sums[day] = sums.get(day, 0.0) + d
-        counts[day] = counts.get(day, 0) + 1
-    expected = max(counts.values(), default=0)
+    """(day index from ``origin``, mean demand) for the days seen well enough; each day's sum
+    in time order (:func:`analyzer.context.running_sum`, the floats of a loop of +=)."""
+    if len(times) != len(demand):
+        raise ValueError("_daily_means: times and demand differ in length")
+    values = np.asarray(demand, dtype=np.float64)
+    days = ((np.asarray(times, dtype=np.float64) - origin) // DAY).astype(np.int64)
+    distinct, counts = np.unique(days, return_counts=True)
+    expected = int(counts.max()) if len(counts) else 0
     return [
-        (day, sums[day] / counts[day])
-        for day in sorted(sums)
-        if counts[day] >= MIN_DAY_COVERAGE * expected
+        (day, running_sum(0.0, values[days == day]) / n)
+        for day, n in zip(distinct.tolist(), counts.tolist(), strict=True)
+        if n >= MIN_DAY_COVERAGE * expected
     ]
 
 
@@ -220,6 +233,13 @@ def slot_of(t: float, period_seconds: int) -> int:
     if period_seconds == DAY:
         return int((t % DAY) // 3600)
     return int(((t - MONDAY_OFFSET) % WEEK) // 3600)
+
+
+def slots_of(times: Floats, period_seconds: int) -> Ints:
+    """:func:`slot_of` of each of ``times`` (the same floor arithmetic, on the column)."""
+    if period_seconds == DAY:
+        return ((times % DAY) // 3600).astype(np.int64)
+    return (((times - MONDAY_OFFSET) % WEEK) // 3600).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,16 +288,15 @@ def _slot_ratios(
     """Per slot, the recency-weighted ``q`` quantile and median of demand over the trend's
     level; a slot never seen takes the largest quantile of the others."""
     newest = max(times)
-    values: dict[int, list[float]] = {}
-    weights: dict[int, list[float]] = {}
-    for t, d in zip(times, demand, strict=True):
-        key = slot_of(t, period_seconds)
-        values.setdefault(key, []).append(d / trend.level(t))
-        weights.setdefault(key, []).append(0.5 ** ((newest - t) / half_life_seconds))
-    stats = {
-        key: (quantile(v, q, weights[key]), quantile(v, 0.5, weights[key]))
-        for key, v in values.items()
-    }
+    at = np.asarray(times, dtype=np.float64)
+    ratios = (np.asarray(demand, dtype=np.float64) / trend.levels(at)).tolist()
+    weights = [0.5**age for age in ((newest - at) / half_life_seconds).tolist()]
+    slots = slots_of(at, period_seconds)
+    stats = {}
+    for key in first_seen(slots):  # each slot's values in time order
+        mine = np.flatnonzero(slots == key).tolist()
+        v, w = [ratios[i] for i in mine], [weights[i] for i in mine]
+        stats[key] = (quantile(v, q, w), quantile(v, 0.5, w))
     fallback = max(stats.values())
     return [stats.get(s, fallback) for s in range(period_seconds // 3600)]
 

@@ -186,6 +186,17 @@ def room_for(inputs: Inputs, job: _Job, idle_ratio: float) -> dict[str, int]:
     return room
 
 
+def _held_at(inputs: Inputs, names: set[str]) -> dict[str, dict[str, list[float]]]:
+    """For each of the jobs ``names``, the starts of the buckets it held on each GPU (GPUs in
+    the tenancy's order): one walk over the tenancy for all jobs, not one per job."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for uuid, tbs in inputs.data.tenancy.items():
+        for tb in tbs:
+            if tb.tenant in names:
+                out.setdefault(tb.tenant, {}).setdefault(uuid, []).append(tb.start)
+    return out
+
+
 def _jobs(inputs: Inputs) -> list[_Job]:
     by_job: dict[str, list[Finding]] = {}
     for f in inputs.findings:
@@ -193,15 +204,15 @@ def _jobs(inputs: Inputs) -> list[_Job]:
             by_job.setdefault(str(f.detail("job")), []).append(f)
     hours = inputs.data.bucket_seconds / 3600.0
     nodes = {g.uuid: g.node for g in inputs.data.gpus}
+    held_at = _held_at(inputs, set(by_job))
     out = []
     for name, findings in sorted(by_job.items()):
         gpus: dict[str, set[str]] = {}
         starts: set[float] = set()
         held = 0.0
-        for uuid, tbs in inputs.data.tenancy.items():
-            mine = [tb.start for tb in tbs if tb.tenant == name]
+        for uuid, mine in held_at.get(name, {}).items():
             node = nodes.get(uuid)
-            if mine and node is not None:
+            if node is not None:
                 gpus.setdefault(node, set()).add(uuid)
                 starts.update(mine)
                 held += len(mine) * hours

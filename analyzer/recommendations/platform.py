@@ -10,14 +10,19 @@ peaks that exceed the reservation priced as cloud burst when they are rare.
 
 from __future__ import annotations
 
+import operator
 import statistics
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from analyzer.classify import cycle
+from analyzer.context import column
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, register
 
 GIB = float(1 << 30)
+_TENANT = operator.attrgetter("tenant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,24 +51,24 @@ class PlatformStrategy:
         hours = data.bucket_seconds / 3600.0
         out: dict[str, dict[str, object]] = {}
         tenants_by_class: dict[str, Counter[str]] = {}
+        idle = 0.0
         for v in inputs.verdicts:
             buckets = data.buckets.get(v.info.uuid, ())
+            starts, used = column(buckets, "start"), column(buckets, "memory_bytes")
+            held = np.nan_to_num(used) != 0
             for seg in v.segments:
                 if seg.gpu_class == "idle":
                     continue
                 entry = out.setdefault(seg.gpu_class, {"gpu_hours": 0.0, "memory": []})
-                inside = [b for b in buckets if seg.start <= b.start < seg.end]
-                entry["gpu_hours"] = float(entry["gpu_hours"]) + len(inside) * hours  # type: ignore[arg-type]
-                mem = [b.memory_bytes for b in inside if b.memory_bytes]
+                inside = (seg.start <= starts) & (starts < seg.end)
+                n = int(np.count_nonzero(inside))
+                entry["gpu_hours"] = float(entry["gpu_hours"]) + n * hours  # type: ignore[arg-type]
+                mem = used[inside & held].tolist()
                 if mem:
                     entry["memory"].append(statistics.median(mem) / GIB)  # type: ignore[attr-defined]
-            names = Counter(tb.tenant for tb in data.tenancy.get(v.info.uuid, ()))
+            idle += int(np.count_nonzero(~held)) * hours  # nothing held: batch could fill
+            names = Counter(map(_TENANT, data.tenancy.get(v.info.uuid, ())))
             tenants_by_class.setdefault(v.gpu_class, Counter()).update(names.keys())
-        idle = sum(
-            len([b for b in data.buckets.get(v.info.uuid, ()) if (b.memory_bytes or 0) == 0])
-            * hours
-            for v in inputs.verdicts
-        )
         for cls, entry in out.items():
             tenants = tenants_by_class.get(cls, Counter())
             entry["jobs"] = len(tenants)
@@ -92,12 +97,7 @@ class PlatformStrategy:
         return {"checkpoint_minutes_median": round(statistics.median(cycles)) if cycles else None}
 
     def _peaks(self, inputs: Inputs) -> dict[str, object]:
-        per_time: dict[float, float] = {}
-        for v in inputs.verdicts:
-            if v.gpu_class != "inference":
-                continue
-            for b in inputs.data.buckets.get(v.info.uuid, ()):
-                per_time[b.start] = per_time.get(b.start, 0.0) + (b.util or 0.0)
+        per_time = _busy_gpus(inputs)
         if not per_time:
             return {}
         hourly: dict[int, list[float]] = {}
@@ -167,3 +167,24 @@ def _burst_sentence(reserved: bool, burst: bool, minutes: float) -> str:
             "which is cheaper as cloud burst than as more reserved GPUs"
         )
     return f"; {minutes:.0f} minutes a week of inference peaks exceed it: raise the reservation"
+
+
+def _busy_gpus(inputs: Inputs) -> dict[float, float]:
+    """The inference GPUs' utilization summed per bucket start (not reported: 0), GPU after GPU
+    as a per-bucket loop adds them."""
+    columns = [
+        (column(buckets, "start"), np.nan_to_num(column(buckets, "util")))
+        for v in inputs.verdicts
+        if v.gpu_class == "inference"
+        for buckets in [inputs.data.buckets.get(v.info.uuid, ())]
+    ]
+    if not columns:
+        return {}
+    times = np.unique(np.concatenate([starts for starts, _ in columns]))
+    total = np.zeros(len(times))
+    seen = np.zeros(len(times), dtype=np.bool_)
+    for starts, util in columns:
+        at = np.searchsorted(times, starts)
+        total[at] += util
+        seen[at] = True
+    return dict(zip(times[seen].tolist(), total[seen].tolist(), strict=True))

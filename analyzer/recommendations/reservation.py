@@ -472,7 +472,8 @@ class ReservationStrategy:
         lo, hi = min(schedule.gpus), schedule.peak
         pct = round(s.quantile * 100)
         summary = (
-            f"Reserve {total} GPUs for {service.name} (p{pct} of demand at "
+            f"Reserve {total} GPU{'' if total == 1 else 's'} for {service.name} (p{pct} of "
+            "demand at "
             f"{s.target_util:.0%} target utilization forecast for the coming week"
             + _growth_phrase(forward)
             + f", +{forward.headroom_ratio:.0%} headroom"

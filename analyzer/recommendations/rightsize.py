@@ -23,7 +23,9 @@ profiles that fit (:func:`analyzer.recommendations.consolidate.fill`).
 
 from __future__ import annotations
 
+import operator
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,21 +208,22 @@ def _bandwidth_share(profile: dict[str, Any], full_gb: float) -> float:
     return eighths / migspeed.MEMORY_SLICES
 
 
+_TENANT = operator.attrgetter("tenant")
+
+
 def _multi_gpu_tenants(inputs: Inputs) -> set[str]:
     """Workloads on more than one GPU (data- or tensor-parallel ranks): MIG instances have no
     peer-to-peer path between them (PCIe or NVLink; NVIDIA's MIG user guide), so their ranks
     cannot move onto slices one by one."""
     gpus: dict[str, set[str]] = {}
     for uuid, tbs in inputs.data.tenancy.items():
-        for tb in tbs:
-            gpus.setdefault(tb.tenant, set()).add(uuid)
+        for name in set(map(_TENANT, tbs)):
+            gpus.setdefault(name, set()).add(uuid)
     return {t for t, held in gpus.items() if len(held) > 1}
 
 
 def _main_tenant(inputs: Inputs, v: GpuVerdict) -> str | None:
-    counts: dict[str, int] = {}
-    for tb in inputs.data.tenancy.get(v.info.uuid, ()):
-        counts[tb.tenant] = counts.get(tb.tenant, 0) + 1
+    counts = Counter(map(_TENANT, inputs.data.tenancy.get(v.info.uuid, ())))
     return max(counts, key=lambda t: (counts[t], t)) if counts else None
 
 

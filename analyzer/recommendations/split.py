@@ -20,6 +20,7 @@ for real pool occupancy (Helios virtual clusters: running and pending GPUs per m
 from __future__ import annotations
 
 import math
+import operator
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -283,6 +284,9 @@ def _inference_demand(inputs: Inputs) -> dict[float, float]:
     return total
 
 
+_TENANT = operator.attrgetter("tenant")
+
+
 def _preemptible(inputs: Inputs) -> list[tuple[str, float]]:
     """Training jobs (by tenant) whose checkpoint cycle shows: the cadence its starved findings
     measured (the one the notice and ``aiscope job`` quote), else its power's cycle."""
@@ -294,7 +298,7 @@ def _preemptible(inputs: Inputs) -> list[tuple[str, float]]:
     for v in inputs.verdicts:
         if v.gpu_class != "training":
             continue
-        tenants = Counter(tb.tenant for tb in inputs.data.tenancy.get(v.info.uuid, ()))
+        tenants = Counter(map(_TENANT, inputs.data.tenancy.get(v.info.uuid, ())))
         name = (
             max(tenants, key=lambda t: (tenants[t], t))
             if tenants
