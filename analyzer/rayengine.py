@@ -26,6 +26,12 @@ token authentication (on by default for clusters started on one machine since Ra
 sets them in its pods (``authOptions``), the sbatch script exports them. The engine never starts
 a cluster (so never a dashboard), and only shuts down the connection it opened.
 
+Ray reads ``RAY_AUTH_MODE`` once, when it is first imported in a process, and keeps it: a
+notebook that imports ``ray`` and then sets ``RAY_AUTH_MODE=token`` (or imports aiscope's Ray
+engine first) connects with no token and is refused. Where Ray says which mode it read
+(``ray._raylet.get_authentication_mode``), the engine compares it with the environment before
+connecting and says so in one line (:func:`_check_auth_mode_current`).
+
 Workers import the stage functions by module: the cluster's image (or the shared virtual
 environment on Slurm) has aiscope installed, and on one machine Ray hands workers the driver's
 ``sys.path``; so no ``runtime_env`` is needed, and none is shipped.
@@ -35,7 +41,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import logging
+import os
 import socket
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -79,6 +87,12 @@ _REFUSED = (
     "the Ray cluster there refused this client's token (token authentication: set "
     "RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH to a file, holding the cluster's token; "
     "`ray get-auth-token` on the head prints it)"
+)
+
+_AUTH_MODE_STALE = (
+    "RAY_AUTH_MODE=token was set after Ray was first imported in this process, and Ray reads it "
+    "only then, so this client would send no token (set RAY_AUTH_MODE and RAY_AUTH_TOKEN_PATH "
+    "before anything imports ray: in a notebook, restart the kernel and set them first)"
 )
 
 #: (position in the mapper's output, key, value): the position orders keys as the serial engine.
@@ -214,6 +228,7 @@ class RayEngine:
 
 def _connect(address: str) -> None:
     """``ray.init`` on an existing cluster, quietly, or one line saying there is none."""
+    _check_auth_mode_current(address)
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -230,6 +245,21 @@ def _refused_token(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _check_auth_mode_current(address: str) -> None:
+    """``RAY_AUTH_MODE=token`` in the environment is the mode Ray read at its first import (the
+    module docstring). Ray's private ``get_authentication_mode`` tells; a Ray without it is not
+    checked, and a refusal then reads as the cluster's (``_REFUSED``)."""
+    if os.environ.get("RAY_AUTH_MODE", "").strip().lower() != "token":
+        return
+    raylet = importlib.import_module("ray._raylet")  # not in Ray's type stubs: looked up by name
+    read_mode = getattr(raylet, "get_authentication_mode", None)
+    token_mode = getattr(getattr(raylet, "AuthenticationMode", None), "TOKEN", None)
+    if read_mode is None or token_mode is None:
+        return
+    if read_mode() != token_mode:
+        raise EngineUnavailable(f"--address {address}: {_AUTH_MODE_STALE}")
 
 
 def _check_same_cluster(address: str) -> None:

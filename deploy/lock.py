@@ -1,7 +1,7 @@
 """The supply chain's pinned files: the image's lock, CI's lock and the image's SBOM.
 
-    python deploy/lock.py           # re-resolve (needs PyPI) and rewrite all three
-    python deploy/lock.py --check   # offline: are they consistent with pyproject and each other?
+    python deploy/lock.py           # re-resolve (needs PyPI) and rewrite all four
+    python deploy/lock.py --check   # are they consistent with pyproject and each other?
 
 * ``deploy/requirements.lock``: what the container image installs (``deploy/Dockerfile``,
   ``pip install --require-hashes``): the runtime dependencies, exact versions with their
@@ -12,16 +12,24 @@
 * ``deploy/sbom.cdx.json``: the image's CycloneDX SBOM, generated from the image's lock by
   ``cyclonedx-py requirements`` with reproducible output (no serial number, no timestamp), so
   the check can regenerate it and compare bytes.
+* ``deploy/requirements-sbom.lock``: ``cyclonedx-py``'s own environment (``deploy/sbom-tool.in``,
+  exact versions with hashes), which this script creates in ``.venv-sbom`` (``--sbom-venv``) the
+  first time it needs it, and again when the lock changes. It is kept out of the dev extra:
+  its schema validation pulls ``jsonschema[format-nongpl]``, and every Ray daemon started from
+  the dev environment then imports ``rfc3987-syntax`` (about 2.3 CPU-seconds each), enough on a
+  loaded 2-core runner for the tests' Ray head to miss its raylet's fixed 15 s wait.
 
 ``pyproject.toml`` keeps loose ranges for people who ``pip install aiscope`` into their own
 environment; the locks are for what we ship and what we test with. ``--check`` fails (exit 1,
 one line per problem) when a lock misses a dependency of pyproject or pins it outside its
-range, when a pin has no hash, or when the SBOM is not the one the lock gives.
+range, when a pin has no hash, or when the SBOM is not the one the lock gives. It reads no
+network once ``.venv-sbom`` exists (creating it downloads the tool's pinned wheels).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import subprocess
@@ -40,12 +48,16 @@ IMAGE_LOCK = DEPLOY / "requirements.lock"
 DEV_LOCK = DEPLOY / "requirements-dev.lock"
 SBOM = DEPLOY / "sbom.cdx.json"
 BUILD_IN = DEPLOY / "build-requirements.in"
+SBOM_TOOL_IN = DEPLOY / "sbom-tool.in"
+SBOM_TOOL_LOCK = DEPLOY / "requirements-sbom.lock"
+SBOM_VENV = REPO / ".venv-sbom"
+#: In the SBOM tool's environment: the sha256 of the lock it was installed from.
+_STAMP = "aiscope-lock.sha256"
 IMAGE_PYTHON = "3.12"
 COMPILE = [
     str(BIN / "uv"),
     "pip",
     "compile",
-    "pyproject.toml",
     "--generate-hashes",
     "--custom-compile-command",
     "python deploy/lock.py",
@@ -76,6 +88,18 @@ def check_lock(lock: Path, extras: tuple[str, ...]) -> list[str]:
     wanted = list(project["dependencies"])
     for extra in extras:
         wanted += project["optional-dependencies"][extra]
+    return check_pins(lock, wanted)
+
+
+def requirements_in(path: Path) -> list[str]:
+    """The requirements of a ``.in`` file (one a line; ``#`` starts a comment)."""
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def check_pins(lock: Path, wanted: list[str]) -> list[str]:
+    """Every requirement in ``wanted`` is pinned in ``lock``, in range, and every pin has a
+    hash."""
     locked = pins(lock)
     problems = []
     for text in wanted:
@@ -91,13 +115,29 @@ def check_lock(lock: Path, extras: tuple[str, ...]) -> list[str]:
     return problems
 
 
-def sbom_text(lock: Path) -> str:
+def sbom_tool(venv: Path) -> Path:
+    """``cyclonedx-py`` in its own environment ``venv``, (re)created from
+    :data:`SBOM_TOOL_LOCK` with ``--require-hashes`` when absent or installed from another
+    lock."""
+    digest = hashlib.sha256(SBOM_TOOL_LOCK.read_bytes()).hexdigest()
+    stamp = venv / _STAMP
+    tool = venv / "bin" / "cyclonedx-py"
+    if tool.exists() and stamp.exists() and stamp.read_text().strip() == digest:
+        return tool
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    install = ["-m", "pip", "install", "-q", "--disable-pip-version-check", "--require-hashes"]
+    subprocess.run([str(venv / "bin" / "python"), *install, "-r", str(SBOM_TOOL_LOCK)], check=True)
+    stamp.write_text(digest + "\n")
+    return tool
+
+
+def sbom_text(lock: Path, venv: Path = SBOM_VENV) -> str:
     """The CycloneDX JSON of ``lock``, reproducible (same lock, same bytes)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "sbom.json"
         subprocess.run(
             [
-                str(BIN / "cyclonedx-py"),
+                str(sbom_tool(venv)),
                 "requirements",
                 str(lock.relative_to(REPO)),
                 "--pyproject",
@@ -115,7 +155,7 @@ def sbom_text(lock: Path) -> str:
         return out.read_text()
 
 
-def check_sbom() -> list[str]:
+def check_sbom(venv: Path = SBOM_VENV) -> list[str]:
     if not SBOM.exists():
         return [f"{SBOM.name}: missing (run python deploy/lock.py)"]
     problems = []
@@ -126,33 +166,48 @@ def check_sbom() -> list[str]:
     locked = {(n, v) for n, (v, _) in pins(IMAGE_LOCK).items()}
     if listed != locked:
         problems.append(f"{SBOM.name}: components differ from {IMAGE_LOCK.name}: {listed ^ locked}")
-    if sbom_text(IMAGE_LOCK) != SBOM.read_text():
+    if sbom_text(IMAGE_LOCK, venv) != SBOM.read_text():
         problems.append(
             f"{SBOM.name}: not what {IMAGE_LOCK.name} gives (run python deploy/lock.py)"
         )
     return problems
 
 
-def write() -> None:
+def write(venv: Path) -> None:
     image = ["--python-version", IMAGE_PYTHON, "--python-platform", "x86_64-manylinux_2_28"]
     backend = str(BUILD_IN.relative_to(REPO))  # setuptools, to build the project offline
-    subprocess.run([*COMPILE, backend, *image, "-o", str(IMAGE_LOCK)], cwd=REPO, check=True)
-    dev = ["--extra", "dev", "--universal", "--python-version", "3.11"]
+    pyproject = "pyproject.toml"
+    compile_image = [*COMPILE, pyproject, backend, *image, "-o", str(IMAGE_LOCK)]
+    subprocess.run(compile_image, cwd=REPO, check=True)
+    universal = ["--universal", "--python-version", "3.11"]
+    dev = [pyproject, "--extra", "dev", *universal]
     subprocess.run([*COMPILE, *dev, "-o", str(DEV_LOCK)], cwd=REPO, check=True)
-    SBOM.write_text(sbom_text(IMAGE_LOCK))
+    tool = [str(SBOM_TOOL_IN.relative_to(REPO)), *universal, "-o", str(SBOM_TOOL_LOCK)]
+    subprocess.run([*COMPILE, *tool], cwd=REPO, check=True)
+    SBOM.write_text(sbom_text(IMAGE_LOCK, venv))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--check", action="store_true", help="check, offline; write nothing")
+    parser.add_argument("--check", action="store_true", help="check; write nothing")
+    parser.add_argument(
+        "--sbom-venv",
+        type=Path,
+        default=SBOM_VENV,
+        help="cyclonedx-py's own environment, created from requirements-sbom.lock when absent "
+        "(default: .venv-sbom in the repository; e.g. --sbom-venv /tmp/sbom-venv)",
+    )
     args = parser.parse_args()
     if not args.check:
-        write()
-    problems = check_lock(IMAGE_LOCK, ()) + check_lock(DEV_LOCK, ("dev",)) + check_sbom()
+        write(args.sbom_venv)
+    problems = check_lock(IMAGE_LOCK, ()) + check_lock(DEV_LOCK, ("dev",))
+    problems += check_pins(SBOM_TOOL_LOCK, requirements_in(SBOM_TOOL_IN))
+    problems += check_sbom(args.sbom_venv)
     for problem in problems:
         print(f"lock: {problem}")
     if not problems:
-        print(f"lock: {IMAGE_LOCK.name}, {DEV_LOCK.name} and {SBOM.name} agree with pyproject.toml")
+        names = f"{IMAGE_LOCK.name}, {DEV_LOCK.name}, {SBOM_TOOL_LOCK.name} and {SBOM.name}"
+        print(f"lock: {names} agree with pyproject.toml")
     return 1 if problems else 0
 
 

@@ -4,6 +4,7 @@ functions to the same results, and fail the same way (issue #25)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 import subprocess
@@ -202,6 +203,38 @@ def test_a_client_without_the_clusters_token_is_refused(
     )
     assert run.returncode == 2, run.stdout + run.stderr[-2000:]
     assert run.stdout.startswith("--address auto: the Ray cluster there refused this client's")
+    assert run.stdout.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_ray_imported_before_the_token_settings_is_one_line(ray_cluster: RayCluster) -> None:
+    """Ray reads ``RAY_AUTH_MODE`` once, at its first import: a process (a notebook) that imports
+    ``ray`` and only then sets the cluster's variables would connect with no token. The engine
+    says so, in one line, before connecting."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_gcs_server_port_wait_time_s": "2"}
+    for name in (*ray_cluster.env(), "RAY_ADDRESS", "RAY_AUTH_TOKEN"):
+        env.pop(name, None)
+    script = (
+        "import json, os, sys\n"
+        "import ray  # first, as a notebook's first cell does\n"
+        "os.environ.update(json.loads(sys.argv[1]))\n"
+        "from analyzer.engine import make_engine\n"
+        "from store.errors import AiscopeError\n"
+        "try:\n    make_engine('ray', 'auto')\n"
+        "except AiscopeError as e:\n    print(e)\n    raise SystemExit(e.exit_code)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(ray_cluster.env())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr[-2000:]
+    assert run.stdout.startswith(
+        "--address auto: RAY_AUTH_MODE=token was set after Ray was first imported in this process"
+    )
     assert run.stdout.count("\n") == 1
 
 

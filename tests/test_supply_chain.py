@@ -38,6 +38,16 @@ def test_both_locks_pin_every_dependency_in_range_with_hashes() -> None:
     assert all(hashes >= 1 for _, hashes in image.values())
 
 
+def test_the_sbom_tool_is_locked_apart_from_the_dev_environment() -> None:
+    """cyclonedx-py has its own hashed lock; the dev lock (the tests' environment) has none of its
+    validation extras: every Ray daemon of the tests' cluster imported rfc3987-syntax through
+    them (2.3 CPU-seconds each), and the head failed to start on a loaded runner."""
+    assert lock.check_pins(lock.SBOM_TOOL_LOCK, lock.requirements_in(lock.SBOM_TOOL_IN)) == []
+    assert "cyclonedx-bom" in lock.pins(lock.SBOM_TOOL_LOCK)
+    dev = lock.pins(lock.DEV_LOCK)
+    assert not {"cyclonedx-bom", "rfc3987-syntax"} & set(dev), sorted(dev)
+
+
 def test_the_check_finds_a_missing_an_out_of_range_and_an_unhashed_pin(tmp_path: Path) -> None:
     text = lock.IMAGE_LOCK.read_text()
     broken = tmp_path / "requirements.lock"
