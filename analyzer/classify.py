@@ -436,6 +436,11 @@ def _power_load(power: Floats, ref: PowerRef) -> Floats:
     return np.minimum(np.maximum(share, 0.0), 1.0)
 
 
+def _loads(util: Floats, power: Floats, ref: PowerRef) -> Floats:
+    """Utilization where reported, else power as a share of the dynamic range (NaN: neither)."""
+    return np.where(np.isnan(util), _power_load(power, ref), util)
+
+
 def _columns(buckets: Sequence[Bucket], ref: PowerRef, th: Thresholds) -> _Columns:
     util, util_max, power = (column(buckets, n) for n in ("util", "util_max", "power_watts"))
     by_power = _power_load(power, ref)
@@ -450,7 +455,7 @@ def _columns(buckets: Sequence[Bucket], ref: PowerRef, th: Thresholds) -> _Colum
         memory=column(buckets, "memory_bytes"),
         power=power,
         nvlink=column(buckets, "nvlink_bytes_per_second"),
-        load=np.where(np.isnan(util), by_power, util),
+        load=np.where(np.isnan(util), by_power, util),  # :func:`_loads`
         known=reported | ~np.isnan(by_power),
         on=on,
     )
@@ -695,7 +700,7 @@ def _cycle(values: Floats, bucket_seconds: int) -> tuple[float, float] | None:
     energy = _seqsum(centred * centred)
     if energy <= 1e-9:
         return None
-    r = {k: _seqsum(centred[:-k] * centred[k:]) / energy for k in range(lo, hi + 1)}
+    r = dict(zip(range(lo, hi + 1), (_lagged_sums(centred, lo, hi) / energy).tolist(), strict=True))
     peaks = [
         k for k in r if r[k] >= 0.25 and r[k] >= r.get(k - 1, -1.0) and r[k] >= r.get(k + 1, -1.0)
     ]
@@ -706,6 +711,17 @@ def _cycle(values: Floats, bucket_seconds: int) -> tuple[float, float] | None:
     # least common multiple with an evaluation cycle; the shortest strong peak is the cycle.
     best = min(k for k in peaks if r[k] >= 0.8 * strongest)
     return _fundamental(r, best, lo) * bucket_seconds / 60.0, r[best]
+
+
+def _lagged_sums(centred: Floats, lo: int, hi: int) -> Floats:
+    """For each lag ``k`` from ``lo`` to ``hi``, ``sum(centred[i] * centred[i + k])`` added left
+    to right, all lags at once: row ``k`` multiplies by the series shifted ``k`` and padded with
+    zeros (a 0 product adds nothing)."""
+    n = len(centred)
+    padded = np.concatenate((centred, np.zeros(hi)))
+    shifted = np.lib.stride_tricks.sliding_window_view(padded, n)[lo : hi + 1]
+    products = np.concatenate((np.zeros((hi - lo + 1, 1)), centred * shifted), axis=1)
+    return np.asarray(np.add.accumulate(products, axis=1)[:, -1])
 
 
 def _fundamental(r: dict[int, float], lag: int, lo: int) -> float:
@@ -855,29 +871,33 @@ def _fsums(values: Floats, first: Ints) -> Floats:
         ends = first + lengths
         return np.array([math.fsum(values[i:j].tolist()) for i, j in zip(first, ends, strict=True)])
     total, sure = _compensated_sums(values, first, lengths)
-    for i in np.flatnonzero(~sure).tolist():  # a sum within a rounding of a tie: fsum decides
+    for i in np.flatnonzero(~sure).tolist():  # the carried errors rounded: fsum decides
         total[i] = math.fsum(values[first[i] : first[i] + lengths[i]].tolist())
     return total
 
 
 def _compensated_sums(values: Floats, first: Ints, lengths: Ints) -> tuple[Floats, Mask]:
-    """Each group's sum with the rounding error of every addition carried (Knuth's TwoSum,
-    Ogita, Rump and Oishi's Sum2), and whether it is surely the exactly rounded sum: the exact
-    sum lies closer to it than half its unit in the last place, by a margin larger than what
-    the carried errors' own sum can have lost."""
-    p = values[first].copy()
+    """Each group's sum, and whether it is surely the exactly rounded one. The running sum
+    carries the rounding error of every addition (Knuth's TwoSum, exact), so the group's sum is
+    exactly the running sum plus the carried errors; when those errors add up without rounding
+    (they are tiny, and nearly always do), one last rounded addition is the exactly rounded
+    sum, as ``math.fsum`` gives it."""
+    grid = _padded(values, first, lengths)
+    running = grid[:, 0].copy()
     carried = np.zeros(len(first))
-    spread = np.zeros(len(first))
-    for j in range(1, int(lengths.max())):
-        more = lengths > j
-        s, err = _two_sum(p[more], values[first[more] + j])
-        p[more] = s
-        carried[more] += err
-        spread[more] += np.abs(err)
-    total, residual = _two_sum(p, carried)
-    lost = lengths * 2.0**-52 * spread
-    half_ulp = np.spacing(np.nextafter(np.abs(total), 0.0)) / 2
-    return total, np.abs(residual) + lost < half_ulp
+    exact = np.ones(len(first), dtype=np.bool_)
+    for j in range(1, grid.shape[1]):  # a padding 0 adds nothing and carries no error
+        running, err = _two_sum(running, grid[:, j])
+        carried, lost = _two_sum(carried, err)
+        exact &= lost == 0.0
+    return running + carried, exact
+
+
+def _padded(values: Floats, first: Ints, lengths: Ints) -> Floats:
+    """The groups as the rows of a table, each padded with zeros to the longest."""
+    width = np.arange(int(lengths.max()))
+    at = np.minimum(first[:, None] + width, len(values) - 1)
+    return np.where(width < lengths[:, None], values[at], 0.0)
 
 
 def _two_sum(a: Floats, b: Floats) -> tuple[Floats, Floats]:
@@ -893,15 +913,30 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 
 def _pearson(xs: Floats, ys: Floats) -> float:
-    """:func:`pearson` over arrays: the means exactly rounded (``fmean``), the sums of squares
-    and products left to right (as the generator sums it replaced, to the last bit)."""
+    """:func:`pearson` over arrays."""
     if len(xs) < 3:
         return 0.0
-    dx, dy = xs - _fmean(xs), ys - _fmean(ys)
-    vx, vy = _seqsum(_squares(dx)), _seqsum(_squares(dy))
-    if vx <= 1e-12 or vy <= 1e-12:
+    return _centred_r(_Centred(xs), _Centred(ys))
+
+
+class _Centred:
+    """A series less its mean, and its sum of squares: :func:`pearson`'s terms, the mean
+    exactly rounded (``fmean``), the sums left to right and the squares through ``pow`` (as the
+    generator sums it replaced, to the last bit)."""
+
+    __slots__ = ("centred", "energy")
+
+    def __init__(self, values: Floats) -> None:
+        self.centred = values - _fmean(values) if len(values) else values
+        self.energy = _seqsum(_squares(self.centred))
+
+
+def _centred_r(a: _Centred, b: _Centred) -> float:
+    """:func:`pearson` of two series over the same buckets; 0 when either is flat or too
+    short."""
+    if len(a.centred) < 3 or a.energy <= 1e-12 or b.energy <= 1e-12:
         return 0.0
-    return _seqsum(dx * dy) / math.sqrt(vx * vy)
+    return _seqsum(a.centred * b.centred) / math.sqrt(a.energy * b.energy)
 
 
 def _same_footprint(fa: LockstepCandidate, fb: LockstepCandidate) -> bool:
@@ -929,9 +964,13 @@ class _Series:
     __slots__ = ("centred", "energy", "keys", "values")
 
     def __init__(self, series: Sequence[tuple[float, float]]) -> None:
-        by_start = dict(series)
-        self.keys = np.array(sorted(by_start), dtype=np.float64)
-        self.values = np.array([by_start[k] for k in self.keys.tolist()], dtype=np.float64)
+        flat = itertools.chain.from_iterable(series)
+        pairs = np.fromiter(flat, dtype=np.float64, count=2 * len(series)).reshape(-1, 2)
+        self.keys, self.values = pairs[:, 0], pairs[:, 1]
+        if (np.diff(self.keys) <= 0).any():  # not in order: the last value of each start
+            by_start = dict(series)
+            self.keys = np.array(sorted(by_start), dtype=np.float64)
+            self.values = np.array([by_start[k] for k in self.keys.tolist()], dtype=np.float64)
         mean = _fmean(self.values) if len(self.values) >= 3 else 0.0
         self.centred = self.values - mean
         self.energy = _seqsum(self.centred * self.centred)
@@ -967,7 +1006,7 @@ def _replicas(spans: list[_Span], th: Thresholds, step: int) -> None:
     correlate near 1 at every resolution), over ``replica_min_seconds`` of shared time."""
     found = [s for s in spans if _replica_candidate(s, th)]
     found.sort(key=lambda s: s.features.memory_gib or 0.0)
-    series = {id(s): _load_series(_span_cols(s, th)) for s in found}
+    series = {id(s): _LoadSeries(s) for s in found}
     pairs: dict[int, list[tuple[float, float]]] = {id(s): [] for s in found}
     for i, s in enumerate(found):
         top = (s.features.memory_gib or 0.0) * (1.0 + th.replica_footprint_ratio)
@@ -1000,27 +1039,64 @@ def _replica_candidate(s: _Span, th: Thresholds) -> bool:
     )
 
 
-def _load_series(c: _Columns) -> tuple[Floats, Floats]:
-    """The span's load by bucket start (starts ascending), where it has one."""
-    reported = ~np.isnan(c.load)
-    return c.start[reported], c.load[reported]
+class _LoadSeries:
+    """A replica candidate's load by bucket start (ascending), where it has one; and, computed
+    once for the pairs over all of its buckets (most pairs), its series at both resolutions
+    centred for :func:`pearson`."""
+
+    __slots__ = ("_coarse", "_fine", "starts", "values")
+
+    def __init__(self, span: _Span) -> None:
+        if span.cols is not None:
+            starts, load = span.cols.start, span.cols.load
+        else:  # rebuilt from its record: the three columns the load needs
+            power = column(span.buckets, "power_watts")
+            util = column(span.buckets, "util")
+            starts, load = column(span.buckets, "start"), _loads(util, power, span.ref)
+        reported = ~np.isnan(load)
+        self.starts, self.values = starts[reported], load[reported]
+        self._fine: _Centred | None = None
+        self._coarse: _Centred | None = None
+
+    def fine(self) -> _Centred:
+        if self._fine is None:
+            self._fine = _Centred(self.values)
+        return self._fine
+
+    def coarse(self) -> _Centred:
+        if self._coarse is None:
+            self._coarse = _Centred(_block_means(self.starts, self.values))
+        return self._coarse
+
+
+def _block_means(starts: Floats, values: Floats) -> Floats:
+    """The means of ``values`` over 15-minute blocks of their (ascending) starts."""
+    first = _group_starts((starts // REPLICA_COARSE_SECONDS).astype(np.int64))
+    counts = np.diff(np.append(first, len(starts)))
+    return np.asarray(_fsums(values, first) / counts)
 
 
 def _replica_rs(
-    a: tuple[Floats, Floats], b: tuple[Floats, Floats], th: Thresholds, step: int
+    a: _LoadSeries, b: _LoadSeries, th: Thresholds, step: int
 ) -> tuple[float, float] | None:
     """(15-minute r, step r) when the two series behave as replicas, else ``None``: over the
     buckets both have a load for, and the 15-minute means of those."""
-    keys, ia, ib = np.intersect1d(a[0], b[0], assume_unique=True, return_indices=True)
+    if np.array_equal(a.starts, b.starts):  # the same buckets (most pairs): nothing to align
+        if len(a.starts) * step < th.replica_min_seconds:
+            return None
+        fine = _centred_r(a.fine(), b.fine())
+        if fine > th.replica_max_fine_r:
+            return None
+        coarse = _centred_r(a.coarse(), b.coarse())
+        return (coarse, fine) if coarse >= th.replica_min_r else None
+    keys, ia, ib = np.intersect1d(a.starts, b.starts, assume_unique=True, return_indices=True)
     if len(keys) * step < th.replica_min_seconds:
         return None
-    xs, ys = a[1][ia], b[1][ib]
+    xs, ys = a.values[ia], b.values[ib]
     fine = _pearson(xs, ys)
     if fine > th.replica_max_fine_r:
         return None
-    first = _group_starts((keys // REPLICA_COARSE_SECONDS).astype(np.int64))
-    counts = np.diff(np.append(first, len(keys)))
-    coarse = _pearson(_fsums(xs, first) / counts, _fsums(ys, first) / counts)
+    coarse = _pearson(_block_means(keys, xs), _block_means(keys, ys))
     return (coarse, fine) if coarse >= th.replica_min_r else None
 
 
