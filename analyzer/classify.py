@@ -449,7 +449,7 @@ def _columns(buckets: Sequence[Bucket], ref: PowerRef, th: Thresholds) -> _Colum
     on = np.where(reported, util_max > th.idle_util_ratio, by_power > 2 * th.idle_util_ratio)
     return _Columns(
         start=column(buckets, "start"),
-        samples=np.array([b.samples for b in buckets], dtype=np.int64),
+        samples=np.fromiter((b.samples for b in buckets), dtype=np.int64, count=len(buckets)),
         util=util,
         util_max=util_max,
         memory=column(buckets, "memory_bytes"),
@@ -858,8 +858,9 @@ def _group_starts(keys: Ints) -> Ints:
 
 
 #: Groups at most this long are summed side by side (:func:`_fsums`); longer ones, one
-#: ``math.fsum`` each.
-_SIDE_BY_SIDE_MAX = 32
+#: ``math.fsum`` each (measured: side by side is 3x faster for 3-bucket blocks, slower from
+#: about 12 buckets).
+_SIDE_BY_SIDE_MAX = 8
 
 
 def _fsums(values: Floats, first: Ints) -> Floats:
@@ -868,12 +869,21 @@ def _fsums(values: Floats, first: Ints) -> Floats:
     blocks, hours)."""
     lengths = np.diff(np.append(first, len(values)))
     if not len(first) or lengths.max() > _SIDE_BY_SIDE_MAX:
-        ends = first + lengths
-        return np.array([math.fsum(values[i:j].tolist()) for i, j in zip(first, ends, strict=True)])
+        return _each_fsum(values, first, np.ones(len(first), dtype=np.bool_), np.zeros(len(first)))
     total, sure = _compensated_sums(values, first, lengths)
-    for i in np.flatnonzero(~sure).tolist():  # the carried errors rounded: fsum decides
-        total[i] = math.fsum(values[first[i] : first[i] + lengths[i]].tolist())
-    return total
+    return _each_fsum(values, first, ~sure, total)  # where the carried errors rounded
+
+
+def _each_fsum(values: Floats, first: Ints, which: Mask, out: Floats) -> Floats:
+    """``out`` with the groups ``which`` set to their ``math.fsum``."""
+    if not which.any():
+        return out
+    starts = first.tolist()
+    ends = [*starts[1:], len(values)]
+    listed = values.tolist()
+    for i in np.flatnonzero(which).tolist():
+        out[i] = math.fsum(listed[starts[i] : ends[i]])
+    return out
 
 
 def _compensated_sums(values: Floats, first: Ints, lengths: Ints) -> tuple[Floats, Mask]:

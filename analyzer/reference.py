@@ -40,8 +40,10 @@ Floats = npt.NDArray[np.float64]
 def column(buckets: Sequence[Bucket], name: str) -> Floats:
     """One field of ``buckets`` as floats, NaN where it was not reported (``None``): the
     per-bucket measures read a GPU's fields once, as arrays (issue #25)."""
-    field_of = operator.itemgetter(Bucket._fields.index(name))
-    return np.array(list(map(field_of, buckets)), dtype=np.float64)
+    values = list(map(operator.itemgetter(Bucket._fields.index(name)), buckets))
+    if values.count(None) == len(values):  # never reported (NVLink on most boards): at once
+        return np.full(len(values), np.nan)
+    return np.array(values, dtype=np.float64)
 
 
 @dataclass(frozen=True, slots=True)
