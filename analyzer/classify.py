@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import math
-import operator
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from analyzer import calibration, mig
 from analyzer.load import Bucket, FleetData, GpuInfo
@@ -58,7 +59,7 @@ from analyzer.lockstep import (
     window_keys,
     window_pairs,
 )
-from analyzer.reference import PowerRef, computed, held, references
+from analyzer.reference import PowerRef, column, references
 from analyzer.thresholds import Thresholds
 from store.schema import GpuClass
 
@@ -225,6 +226,8 @@ class _Span:
     features: Features = field(default_factory=lambda: Features(0.0, 0, "none"))
     #: The best correlation with a span it is in lockstep with (0: none).
     peer_r: float = 0.0
+    #: The span's slice of its GPU's columns (``None`` for a span rebuilt from its record).
+    cols: _Columns | None = None
 
     @property
     def start(self) -> float:
@@ -284,7 +287,8 @@ def map_spans(
     spans: dict[str, list[_Span]] = {}
     for gpu in data.gpus:
         buckets = list(data.buckets.get(gpu.uuid, ()))
-        spans[gpu.uuid] = _segment(gpu, refs[gpu.uuid], buckets, th)
+        cols = _columns(buckets, refs[gpu.uuid], th)
+        spans[gpu.uuid] = _segment(gpu, refs[gpu.uuid], buckets, cols, th)
     recurring = _recurrence(spans)
     for group in spans.values():
         for span in group:
@@ -297,17 +301,17 @@ def map_spans(
             hi = lo + len(span.buckets)
             out.append(SpanRecord(uuid, i, lo, hi, span.occupied, span.plateau, span.features))
             if span.occupied and len(span.buckets) >= 12:
-                candidates.append(_candidate(span, (uuid, i), position))
+                candidates.append(_candidate(span, (uuid, i), position, th))
             lo = hi
         records[uuid] = tuple(out)
     return BatchSpans(refs, records, tuple(candidates))
 
 
-def _candidate(span: _Span, key: tuple[str, int], position: int) -> LockstepCandidate:
+def _candidate(
+    span: _Span, key: tuple[str, int], position: int, th: Thresholds
+) -> LockstepCandidate:
     f = span.features
-    series = _series(span)
-    starts = np.fromiter(series.keys(), dtype=np.float64, count=len(series))
-    values = np.fromiter(series.values(), dtype=np.float64, count=len(series))
+    starts, values = _series(span, th)
     order = (span.start, position, key[1])
     return LockstepCandidate(
         key, order, span.start, span.end, f.memory_ratio, f.memory_gib, starts, values
@@ -350,112 +354,202 @@ def finish(
 # -- segmentation ---------------------------------------------------------------------------------
 
 
-def _load(b: Bucket, ref: PowerRef) -> float | None:
-    """Utilization where reported, else power as a share of the dynamic range."""
-    return b.util if b.util is not None else ref.load(b.power_watts)
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """One GPU's buckets, or a span's slice of them, as arrays (NaN: not reported), read from
+    the ``Bucket`` tuples once per GPU (issue #25)."""
+
+    start: Floats
+    samples: Ints
+    util: Floats
+    util_max: Floats
+    memory: Floats
+    power: Floats
+    nvlink: Floats
+    #: Utilization where reported, else power as a share of the dynamic range (NaN: neither).
+    load: Floats
+    #: :func:`analyzer.reference.computed` of each bucket: reported at all, and true.
+    known: Mask
+    on: Mask
+
+    def cut(self, lo: int, hi: int) -> _Columns:
+        """The buckets ``[lo, hi)``: views, not copies."""
+        return _Columns(*(getattr(self, f.name)[lo:hi] for f in dataclasses.fields(self)))
 
 
-def _occupied(b: Bucket, ref: PowerRef, th: Thresholds) -> bool:
-    return held(b, ref.memory_total_bytes, th) or bool(computed(b, ref, th))
+def _power_load(power: Floats, ref: PowerRef) -> Floats:
+    """:meth:`PowerRef.load` of each value: NaN where it is ``None``."""
+    if not ref.limit_watts or ref.limit_watts <= ref.idle_watts:
+        return np.full(len(power), np.nan)
+    share = (power - ref.idle_watts) / (ref.limit_watts - ref.idle_watts)
+    return np.minimum(np.maximum(share, 0.0), 1.0)
 
 
-def _segment(gpu: GpuInfo, ref: PowerRef, buckets: list[Bucket], th: Thresholds) -> list[_Span]:
+def _loads(util: Floats, power: Floats, ref: PowerRef) -> Floats:
+    """Utilization where reported, else power as a share of the dynamic range (NaN: neither)."""
+    return np.where(np.isnan(util), _power_load(power, ref), util)
+
+
+def _columns(buckets: Sequence[Bucket], ref: PowerRef, th: Thresholds) -> _Columns:
+    util, util_max, power = (column(buckets, n) for n in ("util", "util_max", "power_watts"))
+    by_power = _power_load(power, ref)
+    reported = ~np.isnan(util_max)
+    # NaN compares false: a bucket without either reading did not compute (``computed``'s None).
+    on = np.where(reported, util_max > th.idle_util_ratio, by_power > 2 * th.idle_util_ratio)
+    return _Columns(
+        start=column(buckets, "start"),
+        samples=np.fromiter((b.samples for b in buckets), dtype=np.int64, count=len(buckets)),
+        util=util,
+        util_max=util_max,
+        memory=column(buckets, "memory_bytes"),
+        power=power,
+        nvlink=column(buckets, "nvlink_bytes_per_second"),
+        load=np.where(np.isnan(util), by_power, util),  # :func:`_loads`
+        known=reported | ~np.isnan(by_power),
+        on=on,
+    )
+
+
+def _span_cols(span: _Span, th: Thresholds) -> _Columns:
+    """The span's columns: those it was cut with, else (a span rebuilt from its record) read
+    from its buckets once."""
+    if span.cols is not None:
+        return span.cols
+    cols = _columns(span.buckets, span.ref, th)
+    span.cols = cols
+    return cols
+
+
+def _held(memory: Floats, total: float | None, th: Thresholds) -> Mask:
+    """:func:`analyzer.reference.held_bytes` of each bucket."""
+    if total:
+        return np.asarray(memory / total > th.held_memory_ratio)
+    return np.asarray(memory > th.held_memory_floor_bytes)
+
+
+#: A piece of a GPU's timeline: buckets ``[lo, hi)``, held or free, and whether it starts on a
+#: new memory plateau.
+_Piece = tuple[int, int, bool, bool]
+
+
+def _segment(
+    gpu: GpuInfo, ref: PowerRef, buckets: list[Bucket], cols: _Columns, th: Thresholds
+) -> list[_Span]:
     """Split where the GPU becomes held or free, or its memory jumps to a new plateau."""
-    spans: list[_Span] = []
-    total = ref.memory_total_bytes
-    for i, b in enumerate(buckets):
-        occupied = _occupied(b, ref, th)
-        jump = False
-        if spans and occupied and spans[-1].occupied and total and i + 2 < len(buckets):
-            prev = (buckets[i - 1].memory_bytes or 0.0) / total
-            now = (b.memory_bytes or 0.0) / total
-            after = [(buckets[j].memory_bytes or 0.0) / total for j in (i + 1, i + 2)]
-            jump = abs(now - prev) > th.memory_jump_ratio and all(abs(a - now) < 0.1 for a in after)
-        if not spans or spans[-1].occupied != occupied or jump:
-            spans.append(_Span(gpu, ref, [b], occupied, plateau=jump))
-        else:
-            spans[-1].buckets.append(b)
-    merged: list[_Span] = []
+    occupied = _held(cols.memory, ref.memory_total_bytes, th) | cols.on
+    pieces = _pieces(occupied, _jumps(occupied, cols.memory, ref.memory_total_bytes, th))
     pause = max(int(th.session_gap_seconds // max(_step(buckets), 1)), MIN_SEGMENT_BUCKETS)
-    for span in spans:  # short blips belong to their neighbour
-        blip = len(span.buckets) < MIN_SEGMENT_BUCKETS
+    seen = np.concatenate(([0], np.cumsum(~np.isnan(cols.memory))))  # memory reported before i
+    merged: list[list[Any]] = []
+    for lo, hi, held_, plateau in pieces:  # short blips belong to their neighbour
+        blip = hi - lo < MIN_SEGMENT_BUCKETS
         # Without memory, "held" cannot be seen: a pause between bursts shorter than a session
         # gap is part of the workload, not a free GPU (absent is not zero).
-        unseen = not span.occupied and len(span.buckets) < pause and _no_memory(span.buckets)
-        rejoin = merged and merged[-1].occupied == span.occupied and not span.plateau
+        unseen = not held_ and hi - lo < pause and seen[hi] == seen[lo]
+        rejoin = merged and merged[-1][2] == held_ and not plateau
         if merged and (blip or unseen or rejoin):
-            merged[-1].buckets.extend(span.buckets)
+            merged[-1][1] = hi
         else:
-            merged.append(span)
-    return merged
+            merged.append([lo, hi, held_, plateau])
+    return [
+        _Span(gpu, ref, buckets[lo:hi], held_, plateau, cols=cols.cut(lo, hi))
+        for lo, hi, held_, plateau in merged
+    ]
+
+
+def _jumps(occupied: Mask, memory: Floats, total: float | None, th: Thresholds) -> Mask:
+    """Buckets where held memory moves by over ``memory_jump_ratio`` of the device and stays
+    (the next two within 0.1 of it): a new workload on a GPU that stayed held."""
+    n = len(occupied)
+    jump = np.zeros(n, dtype=np.bool_)
+    if not total or n < 4:
+        return jump
+    ratio = np.nan_to_num(memory, nan=0.0) / total  # unreported counts as 0, as it did
+    now = ratio[1 : n - 2]
+    moved = np.abs(now - ratio[: n - 3]) > th.memory_jump_ratio
+    stays = (np.abs(ratio[2 : n - 1] - now) < 0.1) & (np.abs(ratio[3:] - now) < 0.1)
+    jump[1 : n - 2] = occupied[1 : n - 2] & occupied[: n - 3] & moved & stays
+    return jump
+
+
+def _pieces(occupied: Mask, jump: Mask) -> list[_Piece]:
+    """Runs of equal occupancy, cut again at each jump."""
+    n = len(occupied)
+    if not n:
+        return []
+    cut = np.concatenate(([True], occupied[1:] != occupied[:-1])) | jump
+    starts = np.flatnonzero(cut).tolist()
+    ends = [*starts[1:], n]
+    held_ = occupied[starts].tolist()
+    plateau = jump[starts].tolist()
+    return list(zip(starts, ends, held_, plateau, strict=True))
 
 
 def _step(buckets: list[Bucket]) -> float:
     return buckets[1].start - buckets[0].start if len(buckets) > 1 else 1.0
 
 
-def _no_memory(buckets: list[Bucket]) -> bool:
-    return all(b.memory_bytes is None for b in buckets)
-
-
 # -- features -------------------------------------------------------------------------------------
 
 
-def _q(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+def _q(values: Floats, q: float) -> float:
+    ordered = np.sort(values)
+    return float(ordered[min(int(q * len(ordered)), len(ordered) - 1)])
 
 
 def _features(span: _Span, data: FleetData, th: Thresholds, recurring: int) -> Features:
-    b, ref, step = span.buckets, span.ref, data.bucket_seconds
-    hours = len(b) * step / 3600.0
-    samples = sum(x.samples for x in b)
-    util_known = any(x.util is not None for x in b)
+    c, ref, step = _span_cols(span, th), span.ref, data.bucket_seconds
+    n = len(c.start)
+    hours = n * step / 3600.0
+    util_known = bool((~np.isnan(c.util)).any())
     source = "utilization" if util_known else "power" if ref.limit_watts else "none"
-    loads = [v for x in b if (v := _load(x, ref)) is not None]
-    active = [a for x in b if (a := computed(x, ref, th)) is not None]
+    loads = c.load[~np.isnan(c.load)]
     busy_at = th.busy_util_ratio if source == "utilization" else th.busy_power_ratio
-    f: dict[str, Any] = {"hours": hours, "samples": samples, "load_source": source}
-    if loads and source != "none":
+    f: dict[str, Any] = {"hours": hours, "samples": int(c.samples.sum()), "load_source": source}
+    if len(loads) and source != "none":
         f |= {
-            "load_median": statistics.median(loads),
+            "load_median": _median(loads),
             "load_p90": _q(loads, 0.9),
-            "load_std": _pstdev(loads),
-            "busy": sum(1 for v in loads if v >= busy_at) / len(loads),
+            "load_std": math.sqrt(_variance_of(loads)),
+            "busy": int(np.count_nonzero(loads >= busy_at)) / len(loads),
         }
-    if active:
-        f["active"] = sum(active) / len(active)
-        f |= _gaps(b, ref, th, step)
-        f |= _runs(b, ref, th, step)
-    f |= _memory(b, ref, loads)
-    f |= _power(b, ref, th)
-    if loads and hours >= 30:
-        f["diurnal"] = _diurnal(b, ref)
-    if loads and hours >= 6:
-        f["hourly_cv"] = _hourly_cv(b, ref)
-    found = cycle(b, step)
+    if c.known.any():
+        f["active"] = int(np.count_nonzero(c.on)) / int(np.count_nonzero(c.known))
+        f |= _gaps(c, th, step)
+        f |= _runs(c, step)
+    f |= _memory(c, ref, len(loads))
+    f |= _power(c, ref, th)
+    if len(loads) and hours >= 30:
+        f["diurnal"] = _diurnal(c)
+    if len(loads) and hours >= 6:
+        f["hourly_cv"] = _hourly_cv(c)
+    found = _cycle(np.where(np.isnan(c.power), c.util, c.power), step)
     if found is not None:
         f["cycle_minutes"], f["cycle_r"] = found
-    f["night"] = sum(1 for x in b if _hour(x.start) >= 20.0 or _hour(x.start) < 8.0) / len(b)
+    hour = _hours_of_day(c.start)
+    f["night"] = int(np.count_nonzero((hour >= 20.0) | (hour < 8.0))) / n
     f["recurring"] = recurring
     f["resolution_seconds"] = float(step)
     f["bounded"] = span.start > data.window_start + step and span.end + 2 * step < data.window_end
     return Features(**f)
 
 
-def _gaps(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str, Any]:
+def _hours_of_day(starts: Floats) -> Floats:
+    """:func:`_hour` of each start."""
+    return np.asarray((starts % 86400) / 3600.0)
+
+
+def _gaps(c: _Columns, th: Thresholds, step: int) -> dict[str, Any]:
     """Idle stretches inside the span, sessions of activity, and activity by hour of day."""
-    longest, run, sessions, hours = 0, 0, 0, set()
+    n, at = len(c.on), np.flatnonzero(c.on)
     gap_buckets = max(int(th.session_gap_seconds // step), 1)
-    for x in b:
-        if computed(x, ref, th):
-            if run >= gap_buckets or sessions == 0:
-                sessions += 1
-            run = 0
-            hours.add(int(_hour(x.start)))
-        else:
-            run += 1
-            longest = max(longest, run)
+    if len(at):
+        between = np.diff(at) - 1  # the stretch without compute before each but the first
+        longest = max(int(at[0]), int(between.max(initial=0)), n - 1 - int(at[-1]))
+        sessions = 1 + int(np.count_nonzero(between >= gap_buckets))
+        hours = len(np.unique(_hours_of_day(c.start[at]).astype(np.int64)))
+    else:
+        longest, sessions, hours = n, 0, 0
     out: dict[str, Any] = {
         "longest_gap_hours": longest * step / 3600.0,
         "sessions": sessions,
@@ -463,107 +557,99 @@ def _gaps(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str
     # Requests that arrive at random leave gaps no longer than chance makes them: with compute in
     # a share ``a`` of n intervals, the longest run without is about ln(n) / -ln(1 - a). A
     # notebook's gaps (nights, meetings) are much longer than that.
-    a = min(max(sum(1 for x in b if computed(x, ref, th)) / len(b), 0.01), 0.99)
-    expected = math.log(max(len(b), 2)) / -math.log(1.0 - a)
+    a = min(max(len(at) / n, 0.01), 0.99)
+    expected = math.log(max(n, 2)) / -math.log(1.0 - a)
     out["gaps_by_chance"] = longest <= max(2.0 * expected, th.serving_max_gap_seconds / step)
-    if len(b) * step >= 86400 * 0.9:
-        out["hours_active"] = len(hours) / 24.0
+    if n * step >= 86400 * 0.9:
+        out["hours_active"] = hours / 24.0
     return out
 
 
-def _runs(b: list[Bucket], ref: PowerRef, th: Thresholds, step: int) -> dict[str, Any]:
+def _runs(c: _Columns, step: int) -> dict[str, Any]:
     """Runs of intervals with compute: their median length (minutes) and how full the
     intervals are (the median of their highest utilization)."""
-    runs, run, duty = [], 0, []
-    for x in b:
-        if computed(x, ref, th):
-            run += 1
-            if x.util_max is not None:
-                duty.append(x.util_max)
-        elif run:
-            runs.append(run)
-            run = 0
-    if run:
-        runs.append(run)
-    out: dict[str, Any] = {"run_minutes": statistics.median(runs) * step / 60.0} if runs else {}
-    if duty:
-        out["active_duty"] = statistics.median(duty)
+    edges = np.diff(np.concatenate(([0], c.on.astype(np.int8), [0])))
+    runs = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+    minutes = _median(runs.astype(np.float64)) * step / 60.0 if len(runs) else None
+    out: dict[str, Any] = {} if minutes is None else {"run_minutes": minutes}
+    duty = c.util_max[c.on & ~np.isnan(c.util_max)]
+    if len(duty):
+        out["active_duty"] = _median(duty)
     return out
 
 
-def _memory(b: list[Bucket], ref: PowerRef, loads: list[float]) -> dict[str, Any]:
-    memory = [x.memory_bytes for x in b if x.memory_bytes is not None]
-    if not memory:
+def _memory(c: _Columns, ref: PowerRef, loads: int) -> dict[str, Any]:
+    """The footprint (median, spread) and whether it moves with the load (``loads``: how many
+    buckets have a load)."""
+    reported = ~np.isnan(c.memory)
+    memory = c.memory[reported]
+    if not len(memory):
         return {}
-    mean = statistics.fmean(memory)
+    median = _median(memory)
     out: dict[str, Any] = {
-        "memory_gib": statistics.median(memory) / (1 << 30),
-        "memory_cv": _pstdev(memory) / max(mean, 1.0),
+        "memory_gib": median / (1 << 30),
+        "memory_cv": math.sqrt(_variance_of(memory)) / max(_fmean(memory), 1.0),
     }
     if ref.memory_total_bytes:
-        out["memory_ratio"] = statistics.median(memory) / ref.memory_total_bytes
-    pairs = [(v, x.memory_bytes) for x in b if (v := _load(x, ref)) is not None and x.memory_bytes]
+        out["memory_ratio"] = median / ref.memory_total_bytes
+    paired = ~np.isnan(c.load) & reported & (c.memory != 0.0)
     # A KV cache tracks the load all along; any job's memory and load rise together while it
     # starts, so the start (a tenth of the span, at least three intervals) is left out.
-    steady = pairs[max(len(pairs) // 10, 3) :]
-    if len(steady) > 10 and len(pairs) == len(loads):
-        mem = [p[1] for p in steady]
-        if _pstdev(mem) / max(statistics.fmean(mem), 1.0) > 0.02:
-            out["memory_util_r"] = pearson([p[0] for p in steady], mem)
+    skip = max(int(np.count_nonzero(paired)) // 10, 3)
+    load, mem = c.load[paired][skip:], c.memory[paired][skip:]
+    steady = len(mem) > 10 and np.count_nonzero(paired) == loads
+    if steady and math.sqrt(_variance_of(mem)) / max(_fmean(mem), 1.0) > 0.02:
+        out["memory_util_r"] = _pearson(load, mem)
     return out
 
 
-def _power(b: list[Bucket], ref: PowerRef, th: Thresholds) -> dict[str, Any]:
-    power = [x.power_watts for x in b if x.power_watts is not None]
-    if not power or not ref.limit_watts:
+def _power(c: _Columns, ref: PowerRef, th: Thresholds) -> dict[str, Any]:
+    power = c.power[~np.isnan(c.power)]
+    if not len(power) or not ref.limit_watts:
         return {}
     limit = ref.limit_watts
-    out: dict[str, Any] = {
-        "power_ratio": statistics.median(power) / limit,
-        "power_load": ref.load(statistics.median(power)),
-    }
-    pairs = [
-        (x.util, x.power_watts / limit)
-        for x in b
-        if x.util is not None and x.power_watts is not None
-    ]
-    busy = [(u, p) for u, p in pairs if u >= th.busy_util_ratio]
+    median = _median(power)
+    out: dict[str, Any] = {"power_ratio": median / limit, "power_load": ref.load(median)}
+    both = ~np.isnan(c.util) & ~np.isnan(c.power)
+    util, share = c.util[both], c.power[both] / limit
+    busy_at = util >= th.busy_util_ratio
+    busy = share[busy_at]
     if len(busy) >= 3:
         # Kernels "running" (NCCL's count as utilization) while the board draws little. "Little"
         # against the job's own busiest level, and against the GPU's physical range: ranks that
         # wait all the time have no fed intervals to compare with.
-        med = (
-            statistics.median(p for u, p in busy if u >= th.collective_util_ratio)
-            if any(u >= th.collective_util_ratio for u, _ in busy)
-            else statistics.median(p for _, p in busy)
-        )
+        collective = share[busy_at & (util >= th.collective_util_ratio)]
+        med = _median(collective) if len(collective) else _median(busy)
         floor = (ref.idle_watts + th.fed_power_floor_ratio * (limit - ref.idle_watts)) / limit
-        low = [p for _, p in busy if p < th.collective_power_drop_ratio * med or p < floor]
-        out["busy_low_power"] = len(low) / len(busy)
-    nvlink = [x.nvlink_bytes_per_second for x in b if x.nvlink_bytes_per_second is not None]
-    if nvlink:
-        out["nvlink_gbps"] = statistics.fmean(nvlink) / 1e9
+        low = (busy < th.collective_power_drop_ratio * med) | (busy < floor)
+        out["busy_low_power"] = int(np.count_nonzero(low)) / len(busy)
+    nvlink = c.nvlink[~np.isnan(c.nvlink)]
+    if len(nvlink):
+        out["nvlink_gbps"] = _fmean(nvlink) / 1e9
     return out
 
 
-def cycle(buckets: list[Bucket], bucket_seconds: int) -> tuple[float, float] | None:
+def cycle(buckets: Sequence[Bucket], bucket_seconds: int) -> tuple[float, float] | None:
     """The period of a repeating dip (checkpoints, evaluation) between 10 minutes and 3 hours:
     the lag with the strongest autocorrelation of power (utilization when power is missing),
     if it is a clear peak. Returns (minutes, r)."""
-    values = [x.power_watts if x.power_watts is not None else x.util for x in buckets]
-    series = [v for v in values if v is not None]
-    if len(series) != len(values) or len(series) < 36:
+    power, util = column(buckets, "power_watts"), column(buckets, "util")
+    return _cycle(np.where(np.isnan(power), util, power), bucket_seconds)
+
+
+def _cycle(values: Floats, bucket_seconds: int) -> tuple[float, float] | None:
+    """:func:`cycle` over each bucket's power, else utilization (NaN: neither)."""
+    if np.isnan(values).any() or len(values) < 36:
         return None
     lo = max(2, int(600 / bucket_seconds))
-    hi = min(len(series) // 3, int(10800 / bucket_seconds))
+    hi = min(len(values) // 3, int(10800 / bucket_seconds))
     if hi <= lo + 1:
         return None
-    mean = statistics.fmean(series)
-    centred = [v - mean for v in series]
-    energy = sum(v * v for v in centred)
+    centred = values - _fmean(values)
+    energy = _seqsum(centred * centred)
     if energy <= 1e-9:
         return None
-    r = {k: sum(map(operator.mul, centred, centred[k:])) / energy for k in range(lo, hi + 1)}
+    r = dict(zip(range(lo, hi + 1), (_lagged_sums(centred, lo, hi) / energy).tolist(), strict=True))
     peaks = [
         k for k in r if r[k] >= 0.25 and r[k] >= r.get(k - 1, -1.0) and r[k] >= r.get(k + 1, -1.0)
     ]
@@ -574,6 +660,17 @@ def cycle(buckets: list[Bucket], bucket_seconds: int) -> tuple[float, float] | N
     # least common multiple with an evaluation cycle; the shortest strong peak is the cycle.
     best = min(k for k in peaks if r[k] >= 0.8 * strongest)
     return _fundamental(r, best, lo) * bucket_seconds / 60.0, r[best]
+
+
+def _lagged_sums(centred: Floats, lo: int, hi: int) -> Floats:
+    """For each lag ``k`` from ``lo`` to ``hi``, ``sum(centred[i] * centred[i + k])`` added left
+    to right, all lags at once: row ``k`` multiplies by the series shifted ``k`` and padded with
+    zeros (a 0 product adds nothing)."""
+    n = len(centred)
+    padded = np.concatenate((centred, np.zeros(hi)))
+    shifted = np.lib.stride_tricks.sliding_window_view(padded, n)[lo : hi + 1]
+    products = np.concatenate((np.zeros((hi - lo + 1, 1)), centred * shifted), axis=1)
+    return np.asarray(np.add.accumulate(products, axis=1)[:, -1])
 
 
 def _fundamental(r: dict[int, float], lag: int, lo: int) -> float:
@@ -606,69 +703,251 @@ def _around(r: dict[int, float], lag: float, base: float) -> float:
     return r.get(below, base) + r.get(below + 1, base) - 2 * base
 
 
-def _diurnal(buckets: list[Bucket], ref: PowerRef) -> float:
+def _diurnal(c: _Columns) -> float:
     """How much of the load's variance an hour-of-day profile explains (0..1)."""
-    by_hour: dict[int, list[float]] = {}
-    pairs = [(x.start, v) for x in buckets if (v := _load(x, ref)) is not None]
-    for t, v in pairs:
-        by_hour.setdefault(int((t % 86400) // 3600), []).append(v)
-    if len(by_hour) < 20:
+    reported = ~np.isnan(c.load)
+    load = c.load[reported]
+    hour = ((c.start[reported] % 86400) // 3600).astype(np.int64)
+    if len(np.unique(hour)) < 20:
         return 0.0
-    means = {h: statistics.fmean(v) for h, v in by_hour.items()}
-    fitted = [means[int((t % 86400) // 3600)] for t, _ in pairs]
-    r = pearson([v for _, v in pairs], fitted)
+    order = np.argsort(hour, kind="stable")
+    first = _group_starts(hour[order])
+    counts = np.diff(np.append(first, len(load)))
+    profile = np.zeros(24)
+    profile[hour[order][first]] = _fsums(load[order], first) / counts
+    r = _pearson(load, profile[hour])
     return max(r, 0.0) ** 2
 
 
-def _hourly_cv(buckets: list[Bucket], ref: PowerRef) -> float:
+def _hourly_cv(c: _Columns) -> float:
     """How much the load's hourly means vary beyond what the spread within each hour gives by
     chance (the between-hour variance component, as a coefficient of variation). Sparse
     snapshots of a steady job's flicker (utilization read as 3% or 98% depending on where in the
     step a read lands) make hourly means differ with no drift at all (issue 24: the demo's
     input-starved fine-tune, sampled every 5 minutes, read as "hourly means vary 25%")."""
-    by_hour: dict[int, list[float]] = {}
-    for x in buckets:
-        if (v := _load(x, ref)) is not None:
-            by_hour.setdefault(int(x.start // 3600), []).append(v)
-    hours = [v for v in by_hour.values() if len(v) >= 3]
-    means = [statistics.fmean(v) for v in hours]
-    if len(means) < 4 or statistics.fmean(means) <= 1e-9:
+    reported = ~np.isnan(c.load)
+    load = c.load[reported]
+    first = _group_starts((c.start[reported] // 3600).astype(np.int64))  # in time order
+    counts = np.diff(np.append(first, len(load)))
+    keep = counts >= 3
+    means_all = _fsums(load, first) / counts
+    means = means_all[keep]
+    if len(means) < 4 or _fmean(means) <= 1e-9:
         return 0.0
-    chance = statistics.fmean(_variance(v, 1) / len(v) for v in hours)
-    between = max(_variance(means) - chance, 0.0)
-    return math.sqrt(between) / statistics.fmean(means)
+    chance = _fmean(_group_variances(load, first, counts, means_all)[keep] / counts[keep])
+    between = max(_variance_of(means) - chance, 0.0)
+    return math.sqrt(between) / _fmean(means)
 
 
-def _variance(values: Sequence[float], ddof: int = 0) -> float:
+def _group_variances(values: Floats, first: Ints, counts: Ints, means: Floats) -> Floats:
+    """:func:`_variance` (``ddof=1``) of each group, given its mean: 0 for a constant group
+    (and for a group of one, which the caller leaves out)."""
+    squares = _squares(values - np.repeat(means, counts))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = _fsums(squares, first) / (counts - 1)
+    flat = np.minimum.reduceat(values, first) == np.maximum.reduceat(values, first)
+    return np.where(flat, 0.0, out)
+
+
+# -- columns and exact float arithmetic -----------------------------------------------------------
+#
+# Issue #25: the per-bucket loops over ``Bucket`` tuples were most of classify's time. A GPU's
+# fields are read once into float arrays (NaN where not reported) and each span is measured
+# over slices of them. The figures must not move (every threshold compares against them), so
+# each reduction keeps the rounding of the Python it replaces: ``statistics.fmean`` is an
+# exactly rounded sum (``math.fsum``) over n, a generator ``sum`` adds left to right, and ``x **
+# 2`` is C's ``pow`` (which differs from ``x * x`` in the last bit for about 1 value in 1,200).
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+
+
+def _fmean(values: Floats) -> float:
+    """:func:`statistics.fmean`: the exactly rounded sum over the count."""
+    return math.fsum(values.tolist()) / len(values)
+
+
+def _seqsum(values: Floats) -> float:
+    """A generator ``sum``: left to right from 0 (``np.add.accumulate`` is sequential, where
+    ``np.sum`` adds pairwise)."""
+    return float(np.add.accumulate(np.concatenate(([0.0], values)))[-1])
+
+
+def _squares(values: Floats) -> Floats:
+    """``v ** 2`` for each value, as Python computes it (C's ``pow``): NumPy's ``power`` with
+    an array exponent where that is C's ``pow`` (an exponent of 2 alone becomes ``v * v``),
+    else :func:`_pow_squares`."""
+    if _power_is_pow():
+        return np.power(values, np.full_like(values, 2.0))
+    return _pow_squares(values)
+
+
+@functools.cache
+def _power_is_pow() -> bool:
+    """Whether NumPy's ``power`` loop gives C's ``pow`` on this build (it does where NumPy has
+    no SIMD ``pow`` of its own, as without AVX-512): probed once, on values where ``pow``'s
+    square and ``v * v`` differ in the last bit for about 1 in 1,200."""
+    probe = np.random.default_rng(0).standard_normal(20_000) * 1000.0
+    return bool(
+        np.power(probe, np.full_like(probe, 2.0)).tolist() == [v**2 for v in probe.tolist()]
+    )
+
+
+def _pow_squares(values: Floats) -> Floats:
+    """``v ** 2`` through Python for the few values that need it. ``v * v`` is the correctly
+    rounded square, and ``pow`` (within 0.52 ulp in glibc) can only differ from it where the
+    exact square lies near the midpoint between two doubles: those (about 1 in 10) go through
+    ``pow``."""
+    squares = values * values
+    with np.errstate(all="ignore"):  # inf and NaN fall out of the comparisons: to pow
+        near = ~(np.abs(_square_error(values, squares)) < 0.45 * _ulp_below(squares))
+        near |= ~(np.abs(values) < 1e150) | (np.abs(values) < 1e-145)  # the split's range
+    at = np.flatnonzero(near)
+    if len(at):
+        squares[at] = [v**2 for v in values[at].tolist()]
+    return squares
+
+
+def _square_error(values: Floats, squares: Floats) -> Floats:
+    """The exact ``v * v - squares`` (Dekker's product: each value split into two halves of
+    26 bits, whose products are exact)."""
+    scaled = values * 134217729.0  # 2**27 + 1
+    high = scaled - (scaled - values)
+    low = values - high
+    return np.asarray(((high * high - squares) + 2.0 * high * low) + low * low)
+
+
+def _ulp_below(values: Floats) -> Floats:
+    """The gap to the next double toward zero (half the gap above, at a power of two)."""
+    return np.spacing(np.nextafter(np.abs(values), 0.0))
+
+
+def _median(values: Floats) -> float:
+    """:func:`statistics.median`: the middle value, or the mean of the two middle ones."""
+    ordered = np.sort(values)
+    n = len(ordered)
+    if n % 2:
+        return float(ordered[n // 2])
+    return (float(ordered[n // 2 - 1]) + float(ordered[n // 2])) / 2
+
+
+def _variance_of(values: Floats, ddof: int = 0) -> float:
     """The population (``ddof=0``) or sample (``ddof=1``) variance in floats: the same value as
     :mod:`statistics`' to within a few ulps, which sums exact fractions (a fifth of classify's
     time on a fleet); a constant series is exactly 0, as there."""
-    if min(values) == max(values):
+    if values.min() == values.max():
         return 0.0
-    mean = math.fsum(values) / len(values)
-    return math.fsum((v - mean) ** 2 for v in values) / (len(values) - ddof)
+    mean = math.fsum(values.tolist()) / len(values)
+    return math.fsum(_squares(values - mean).tolist()) / (len(values) - ddof)
 
 
-def _pstdev(values: Sequence[float]) -> float:
-    """:func:`statistics.pstdev` in floats (see :func:`_variance`)."""
-    return math.sqrt(_variance(values))
+def _group_starts(keys: Ints) -> Ints:
+    """Where each run of equal ``keys`` (sorted, or grouped) begins."""
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
 
 
-def pearson(xs: list[float], ys: list[float]) -> float:
+#: Groups at most this long are summed side by side (:func:`_fsums`); longer ones, one
+#: ``math.fsum`` each (measured: side by side is 3x faster for 3-bucket blocks, slower from
+#: about 12 buckets).
+_SIDE_BY_SIDE_MAX = 8
+
+
+def _fsums(values: Floats, first: Ints) -> Floats:
+    """``math.fsum`` of each group ``values[first[i]:first[i + 1]]``: the exactly rounded sums,
+    as :func:`statistics.fmean` takes them, for thousands of short groups at once (15-minute
+    blocks, hours)."""
+    lengths = np.diff(np.append(first, len(values)))
+    if not len(first) or lengths.max() > _SIDE_BY_SIDE_MAX:
+        return _each_fsum(values, first, np.ones(len(first), dtype=np.bool_), np.zeros(len(first)))
+    total, sure = _compensated_sums(values, first, lengths)
+    return _each_fsum(values, first, ~sure, total)  # where the carried errors rounded
+
+
+def _each_fsum(values: Floats, first: Ints, which: Mask, out: Floats) -> Floats:
+    """``out`` with the groups ``which`` set to their ``math.fsum``."""
+    if not which.any():
+        return out
+    starts = first.tolist()
+    ends = [*starts[1:], len(values)]
+    listed = values.tolist()
+    for i in np.flatnonzero(which).tolist():
+        out[i] = math.fsum(listed[starts[i] : ends[i]])
+    return out
+
+
+def _compensated_sums(values: Floats, first: Ints, lengths: Ints) -> tuple[Floats, Mask]:
+    """Each group's sum, and whether it is surely the exactly rounded one. The running sum
+    carries the rounding error of every addition (Knuth's TwoSum, exact), so the group's sum is
+    exactly the running sum plus the carried errors; when those errors add up without rounding
+    (they are tiny, and nearly always do), one last rounded addition is the exactly rounded
+    sum, as ``math.fsum`` gives it."""
+    grid = _padded(values, first, lengths)
+    running = grid[:, 0].copy()
+    carried = np.zeros(len(first))
+    exact = np.ones(len(first), dtype=np.bool_)
+    for j in range(1, grid.shape[1]):  # a padding 0 adds nothing and carries no error
+        running, err = _two_sum(running, grid[:, j])
+        carried, lost = _two_sum(carried, err)
+        exact &= lost == 0.0
+    return running + carried, exact
+
+
+def _padded(values: Floats, first: Ints, lengths: Ints) -> Floats:
+    """The groups as the rows of a table, each padded with zeros to the longest."""
+    width = np.arange(int(lengths.max()))
+    at = np.minimum(first[:, None] + width, len(values) - 1)
+    return np.where(width < lengths[:, None], values[at], 0.0)
+
+
+def _two_sum(a: Floats, b: Floats) -> tuple[Floats, Floats]:
+    """``a + b`` rounded, and its rounding error exactly (Knuth)."""
+    s = a + b
+    bv = s - a
+    return s, (a - (s - bv)) + (b - bv)
+
+
+def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Pearson's r; 0 when either series is flat or too short."""
+    return _pearson(np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64))
+
+
+def _pearson(xs: Floats, ys: Floats) -> float:
+    """:func:`pearson` over arrays."""
     if len(xs) < 3:
         return 0.0
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    vx = sum((x - mx) ** 2 for x in xs)
-    vy = sum((y - my) ** 2 for y in ys)
-    if vx <= 1e-12 or vy <= 1e-12:
+    return _centred_r(_Centred(xs), _Centred(ys))
+
+
+class _Centred:
+    """A series less its mean, and its sum of squares: :func:`pearson`'s terms, the mean
+    exactly rounded (``fmean``), the sums left to right and the squares through ``pow`` (as the
+    generator sums it replaced, to the last bit)."""
+
+    __slots__ = ("centred", "energy")
+
+    def __init__(self, values: Floats) -> None:
+        self.centred = values - _fmean(values) if len(values) else values
+        self.energy = _seqsum(_squares(self.centred))
+
+
+def _centred_r(a: _Centred, b: _Centred) -> float:
+    """:func:`pearson` of two series over the same buckets; 0 when either is flat or too
+    short."""
+    if len(a.centred) < 3 or a.energy <= 1e-12 or b.energy <= 1e-12:
         return 0.0
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / math.sqrt(vx * vy)
+    return _seqsum(a.centred * b.centred) / math.sqrt(a.energy * b.energy)
 
 
-def _series(span: _Span) -> dict[float, float]:
-    use_power = all(x.power_watts is not None for x in span.buckets[:5])
-    return {x.start: (x.power_watts if use_power else x.util) or 0.0 for x in span.buckets}
+def _series(span: _Span, th: Thresholds) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The span's bucket starts and its power at each (utilization when its first buckets lack
+    power), 0 where not reported."""
+    cols = _span_cols(span, th)
+    use_power = not np.isnan(cols.power[:5]).any()
+    values = np.nan_to_num(cols.power if use_power else cols.util, nan=0.0)
+    return cols.start.astype(np.float64, copy=True), values.astype(np.float64, copy=True)
 
 
 #: Each span is compared with at most this many others of the nearest footprints: a few
@@ -685,9 +964,7 @@ def _replicas(spans: list[_Span], th: Thresholds, step: int) -> None:
     correlate near 1 at every resolution), over ``replica_min_seconds`` of shared time."""
     found = [s for s in spans if _replica_candidate(s, th)]
     found.sort(key=lambda s: s.features.memory_gib or 0.0)
-    series = {
-        id(s): {x.start: v for x in s.buckets if (v := _load(x, s.ref)) is not None} for s in found
-    }
+    series = {id(s): _LoadSeries(s) for s in found}
     pairs: dict[int, list[tuple[float, float]]] = {id(s): [] for s in found}
     for i, s in enumerate(found):
         top = (s.features.memory_gib or 0.0) * (1.0 + th.replica_footprint_ratio)
@@ -720,24 +997,64 @@ def _replica_candidate(s: _Span, th: Thresholds) -> bool:
     )
 
 
+class _LoadSeries:
+    """A replica candidate's load by bucket start (ascending), where it has one; and, computed
+    once for the pairs over all of its buckets (most pairs), its series at both resolutions
+    centred for :func:`pearson`."""
+
+    __slots__ = ("_coarse", "_fine", "starts", "values")
+
+    def __init__(self, span: _Span) -> None:
+        if span.cols is not None:
+            starts, load = span.cols.start, span.cols.load
+        else:  # rebuilt from its record: the three columns the load needs
+            power = column(span.buckets, "power_watts")
+            util = column(span.buckets, "util")
+            starts, load = column(span.buckets, "start"), _loads(util, power, span.ref)
+        reported = ~np.isnan(load)
+        self.starts, self.values = starts[reported], load[reported]
+        self._fine: _Centred | None = None
+        self._coarse: _Centred | None = None
+
+    def fine(self) -> _Centred:
+        if self._fine is None:
+            self._fine = _Centred(self.values)
+        return self._fine
+
+    def coarse(self) -> _Centred:
+        if self._coarse is None:
+            self._coarse = _Centred(_block_means(self.starts, self.values))
+        return self._coarse
+
+
+def _block_means(starts: Floats, values: Floats) -> Floats:
+    """The means of ``values`` over 15-minute blocks of their (ascending) starts."""
+    first = _group_starts((starts // REPLICA_COARSE_SECONDS).astype(np.int64))
+    counts = np.diff(np.append(first, len(starts)))
+    return np.asarray(_fsums(values, first) / counts)
+
+
 def _replica_rs(
-    a: dict[float, float], b: dict[float, float], th: Thresholds, step: int
+    a: _LoadSeries, b: _LoadSeries, th: Thresholds, step: int
 ) -> tuple[float, float] | None:
-    """(15-minute r, step r) when the two series behave as replicas, else ``None``."""
-    keys = sorted(a.keys() & b.keys())
+    """(15-minute r, step r) when the two series behave as replicas, else ``None``: over the
+    buckets both have a load for, and the 15-minute means of those."""
+    if np.array_equal(a.starts, b.starts):  # the same buckets (most pairs): nothing to align
+        if len(a.starts) * step < th.replica_min_seconds:
+            return None
+        fine = _centred_r(a.fine(), b.fine())
+        if fine > th.replica_max_fine_r:
+            return None
+        coarse = _centred_r(a.coarse(), b.coarse())
+        return (coarse, fine) if coarse >= th.replica_min_r else None
+    keys, ia, ib = np.intersect1d(a.starts, b.starts, assume_unique=True, return_indices=True)
     if len(keys) * step < th.replica_min_seconds:
         return None
-    fine = pearson([a[k] for k in keys], [b[k] for k in keys])
+    xs, ys = a.values[ia], b.values[ib]
+    fine = _pearson(xs, ys)
     if fine > th.replica_max_fine_r:
         return None
-    blocks: dict[int, list[tuple[float, float]]] = {}
-    for k in keys:
-        blocks.setdefault(int(k // REPLICA_COARSE_SECONDS), []).append((a[k], b[k]))
-    means = [
-        (statistics.fmean(x for x, _ in v), statistics.fmean(y for _, y in v))
-        for v in blocks.values()
-    ]
-    coarse = pearson([x for x, _ in means], [y for _, y in means])
+    coarse = _pearson(_block_means(keys, xs), _block_means(keys, ys))
     return (coarse, fine) if coarse >= th.replica_min_r else None
 
 

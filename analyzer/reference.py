@@ -16,19 +16,34 @@ memory total   the device's reported total; else the size in the model's name ("
 
 from __future__ import annotations
 
+import operator
 import re
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from analyzer.load import Bucket, FleetData, GpuInfo
 from analyzer.thresholds import Thresholds
 
 GIB = float(1 << 30)
 _SIZE = re.compile(r"(\d+)\s*GB\b", re.IGNORECASE)
+
+Floats = npt.NDArray[np.float64]
+
+
+def column(buckets: Sequence[Bucket], name: str) -> Floats:
+    """One field of ``buckets`` as floats, NaN where it was not reported (``None``): the
+    per-bucket measures read a GPU's fields once, as arrays (issue #25)."""
+    values = list(map(operator.itemgetter(Bucket._fields.index(name)), buckets))
+    if values.count(None) == len(values):  # never reported (NVLink on most boards): at once
+        return np.full(len(values), np.nan)
+    return np.array(values, dtype=np.float64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,19 +125,27 @@ def idle_histogram(data: FleetData, th: Thresholds) -> IdleHistogram:
     """Map A's histogram: the power of each empty, compute-free bucket, binned, per model."""
     out: IdleHistogram = {}
     for gpu in data.gpus:
-        total = memory_total(gpu)
         bins = out.setdefault(gpu.model or "?", {})
-        for b in data.buckets.get(gpu.uuid, ()):
-            if (
-                b.power_watts is not None
-                and b.util_max is not None
-                and b.util_max <= th.idle_util_ratio
-                and b.memory_bytes is not None
-                and not held(b, total, th)
-            ):
-                k = round(b.power_watts * IDLE_BINS_PER_WATT)
-                bins[k] = bins.get(k, 0) + 1
+        for k, n in _idle_bins(data.buckets.get(gpu.uuid, ()), memory_total(gpu), th):
+            bins[k] = bins.get(k, 0) + n
     return out
+
+
+def _idle_bins(
+    buckets: Sequence[Bucket], total: float | None, th: Thresholds
+) -> list[tuple[int, int]]:
+    """One GPU's idle-power bins and their counts, in the order the bins first occur: its
+    buckets with power, utilization and memory reported, no compute and memory not held."""
+    power, util_max = column(buckets, "power_watts"), column(buckets, "util_max")
+    memory = column(buckets, "memory_bytes")
+    held_ = memory / total > th.held_memory_ratio if total else memory > th.held_memory_floor_bytes
+    # NaN compares false: an unreported reading leaves the bucket out.
+    idle = ~np.isnan(power) & (util_max <= th.idle_util_ratio) & ~np.isnan(memory) & ~held_
+    # ``round`` to the nearest bin, ties to even, as Python's does.
+    keys = np.rint(power[idle] * IDLE_BINS_PER_WATT).astype(np.int64)
+    distinct, first, counts = np.unique(keys, return_index=True, return_counts=True)
+    order = np.argsort(first)
+    return list(zip(distinct[order].tolist(), counts[order].tolist(), strict=True))
 
 
 def merge_histograms(parts: Iterable[IdleHistogram]) -> IdleHistogram:
@@ -173,17 +196,18 @@ def references(
 def _reference(
     gpu: GpuInfo, data: FleetData, fleet_idle: dict[str, float], total: float | None
 ) -> PowerRef:
-    power = [b.power_watts for b in data.buckets.get(gpu.uuid, ()) if b.power_watts is not None]
+    power = column(data.buckets.get(gpu.uuid, ()), "power_watts")
+    power = power[~np.isnan(power)]
     sheet = datasheet(gpu.model)
     if gpu.power_limit_watts:
         limit, source = float(gpu.power_limit_watts), "device"
     elif sheet is not None:
         limit, source = float(sheet["tdp_watts"]), "datasheet"
-    elif power:
-        limit, source = max(power), "observed"
+    elif len(power):
+        limit, source = float(power.max()), "observed"
     else:
         limit, source = None, "none"
-    own = min(power) if power else None
+    own = float(power.min()) if len(power) else None
     if (gpu.model or "?") in fleet_idle:
         idle = fleet_idle[gpu.model or "?"]
     elif sheet is not None:
