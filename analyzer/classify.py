@@ -941,7 +941,7 @@ def _centred_r(a: _Centred, b: _Centred) -> float:
     return _seqsum(a.centred * b.centred) / math.sqrt(a.energy * b.energy)
 
 
-def _series(span: _Span, th: Thresholds) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+def _series(span: _Span, th: Thresholds) -> tuple[Floats, Floats]:
     """The span's bucket starts and its power at each (utilization when its first buckets lack
     power), 0 where not reported."""
     cols = _span_cols(span, th)
