@@ -13,10 +13,13 @@ from analyzer.context import (
     CARRY_SECONDS,
     CLASS_CODES,
     GpuView,
+    TimeColumns,
+    by_start,
     class_codes,
     running_sum,
 )
-from analyzer.load import Bucket, GpuInfo, TenantBucket
+from analyzer.load import Bucket, CgroupBucket, GpuInfo, TenantBucket
+from analyzer.recommendations import quantile
 from analyzer.reference import PowerRef
 from analyzer.thresholds import Thresholds
 
@@ -135,3 +138,56 @@ def test_running_sum_is_the_loop(total: float, values: list[float]) -> None:
     for v in values:
         want += v
     assert running_sum(total, np.array(values, dtype=np.float64)) == want
+
+
+def _quantile_loop(values: list[float], q: float, weights: list[float] | None) -> float:
+    """The definition: the smallest value whose cumulative weight reaches ``q``, pairs sorted."""
+    weights = weights or [1.0] * len(values)
+    pairs = sorted(zip(values, weights, strict=True))
+    total, running = sum(weights), 0.0
+    for value, weight in pairs:
+        running += weight
+        if running >= q * total - 1e-12:
+            return value
+    return pairs[-1][0]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0]), st.floats(0.01, 5.0)), min_size=1
+    ),
+    st.sampled_from([0.0, 0.5, 0.95, 0.99, 1.0]),
+    st.booleans(),
+)
+def test_quantile_is_the_sorted_loop(
+    pairs: list[tuple[float, float]], q: float, weighted: bool
+) -> None:
+    """Ties in value (the drawn values repeat) are ordered by weight, as sorted() orders pairs."""
+    values = [v for v, _ in pairs]
+    weights = [w for _, w in pairs] if weighted else None
+    assert quantile(values, q, weights) == _quantile_loop(values, q, weights)
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.sampled_from(["a", "b", "c"])), max_size=30))
+def test_tenant_buckets_group_by_start_in_any_order(drawn: list[tuple[int, str]]) -> None:
+    """The loader's time order takes one groupby; any other order gives the same groups."""
+    tenancy = [TenantBucket(t * STEP, name, 1.0, None) for t, name in drawn]
+    want: dict[float, list[TenantBucket]] = {}
+    for tb in tenancy:
+        want.setdefault(tb.start, []).append(tb)
+    assert by_start(tenancy) == {t: tuple(v) for t, v in want.items()}
+    ordered = sorted(tenancy, key=lambda tb: tb.start)
+    assert by_start(ordered) == {t: tuple(v) for t, v in want.items()}
+
+
+@given(st.lists(st.integers(0, 8), max_size=12), st.lists(st.integers(-1, 10), max_size=12))
+def test_time_columns_find_each_start_as_a_dict_would(held: list[int], asked: list[int]) -> None:
+    """A start given twice answers with the later record, as a dict by start would."""
+    records = [CgroupBucket(t * STEP, float(i), 4.0) for i, t in enumerate(held)]
+    by_time = {r.start: r for r in records}
+    columns = TimeColumns(records)
+    at = columns.at(np.array([t * STEP for t in asked], dtype=np.float64))
+    cores = columns.take("cpu_cores", at).tolist()
+    for t, got in zip(asked, cores, strict=True):
+        want = by_time.get(t * STEP)
+        assert (got == want.cpu_cores) if want is not None else np.isnan(got)
