@@ -124,9 +124,17 @@ def sbom_tool(venv: Path) -> Path:
     tool = venv / "bin" / "cyclonedx-py"
     if tool.exists() and stamp.exists() and stamp.read_text().strip() == digest:
         return tool
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     install = ["-m", "pip", "install", "-q", "--disable-pip-version-check", "--require-hashes"]
-    subprocess.run([str(venv / "bin" / "python"), *install, "-r", str(SBOM_TOOL_LOCK)], check=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run(
+            [str(venv / "bin" / "python"), *install, "-r", str(SBOM_TOOL_LOCK)], check=True
+        )
+    except subprocess.CalledProcessError as exc:  # no network, or a wheel whose hash is not locked
+        raise SystemExit(
+            f"lock: --sbom-venv {venv}: cannot install {SBOM_TOOL_LOCK.name} there "
+            f"(exit {exc.returncode}; creating it downloads the tool's pinned wheels)"
+        ) from exc
     stamp.write_text(digest + "\n")
     return tool
 

@@ -22,13 +22,17 @@ stops every Ray process on the machine, other people's clusters included.
 Cost, measured (``ray start`` to its return, then the process group's CPU and RSS summed from
 ``/proc``) on the 2-core development machine while four other sessions kept it at a load of 12 to
 16: 24.5 s wall, 5.2 CPU-seconds (1.8 in ``ray start``, 3.4 in the eight daemons) and 0.33 GiB
-RSS, with ``rfc3987_syntax`` hidden. Unhidden, as in CI's environment, every one of Ray's Python
-daemons imports it through ``jsonschema`` (about 2.3 CPU-seconds each, compiling a grammar), the
-head holds 0.69 GiB, and on that loaded machine its dashboard agent missed the raylet's fixed
-15 s wait for the agent's ports (the raylet aborts; ``ray start`` gives up after its own 30 s):
-one start in ten succeeded, hence one retry and :data:`START_TIMEOUT_SECONDS`. On 2 idle cores
-that CPU comes to an estimated 3 to 8 s (the issue measured about 4 s and 0.6 GiB); not measured
-here, where no core was idle.
+RSS, with ``rfc3987_syntax`` hidden. CI's environment had it until the SBOM tool, which alone
+pulled it in (``jsonschema[format-nongpl]``), moved to an environment of its own
+(``deploy/lock.py``); every one of Ray's Python daemons imported it through ``jsonschema``
+(importing jsonschema's format checker: 2.9 CPU-seconds with it, 0.4 without), the head held
+0.69 GiB, and on that loaded machine its dashboard agent missed the raylet's fixed 15 s wait for
+the agent's ports (the raylet aborts; ``ray start`` gives up after its own 30 s): one start in
+ten succeeded. Measured again: with it, two starts (two attempts each) failed at loads of 7 and
+11 (141 s for the second); with the dev lock's environment as it is now, two starts succeeded at
+a load of 13 to 14 (41 s wall, 12.9 CPU-seconds in its 7 processes and 0.51 GiB; and 56 s as
+``tests/test_engine.py``'s fixture), and one failed in a full run at a load of about 15: it can
+still miss the wait there, hence one retry and :data:`START_TIMEOUT_SECONDS`.
 """
 
 from __future__ import annotations
