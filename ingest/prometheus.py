@@ -622,10 +622,12 @@ class ShardRead:
 
 def fleet_nodes(client: Client, plan: ReadPlan) -> tuple[str, ...] | None:
     """The GPU nodes of the window, sorted: the values of the node label on the GPU series the
-    read fetches (two index lookups, no samples read). ``None`` when some of those series have
-    no node label (the reader then names their node by ``instance``): such a fleet is read whole."""
+    read fetches (its gauges, device gauges and XIDs; two index lookups, no samples read).
+    ``None`` when some of those series have no node label (the reader then names their node by
+    ``instance``): such a fleet is read whole."""
     v = plan.vocabulary
-    gauges = sorted({s for _, s, _ in v.gauges if s in plan.names} | {v.anchor})
+    read = [s for _, s, _ in v.gauges] + [s for s, _, _ in v.device_gauges] + [v.xid]
+    gauges = sorted({s for s in read if s in plan.names} | {v.anchor})
     every = [selector(s, plan.fleet) for s in gauges]
     unnamed = [selector(s, plan.fleet, f'{v.node_label}=""') for s in gauges]
     if client.series(unnamed, plan.start, plan.end):
