@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import random
 import resource
 import sys
@@ -152,10 +153,10 @@ def _run(name: str, url: str, args: argparse.Namespace) -> dict:
         doc = analyze_prometheus(
             PrometheusSource(url), f"{args.days:g}d", engine=engine, batch_size=args.batch_size
         )
+        total = time.perf_counter() - started
+        driver, workers = (after - b for after, b in zip(_cpu(), before, strict=True))
     finally:
-        engine.close()  # the pool's workers are reaped, so their CPU is counted
-    total = time.perf_counter() - started
-    driver, workers = (after - b for after, b in zip(_cpu(), before, strict=True))
+        engine.close()
     source = doc["source"]
     classes: dict[str, int] = {}
     for g in doc["gpus"]:
@@ -172,10 +173,36 @@ def _run(name: str, url: str, args: argparse.Namespace) -> dict:
 
 
 def _cpu() -> tuple[float, float]:
-    """CPU seconds (user + system) of this process and of its reaped children."""
+    """CPU seconds (user + system) of this process, and of its live descendants but Prometheus
+    (the pool's workers are the forkserver's children, so ``RUSAGE_CHILDREN`` never sees them)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime, _descendants_cpu(os.getpid())
+
+
+def _descendants_cpu(root: int) -> float:
+    """User + system seconds of ``root``'s live descendants, from ``/proc/PID/stat``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # it ended
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        parts = fields.split()
+        if name != "prometheus":
+            parents[int(entry.name)] = int(parts[1])
+            used[int(entry.name)] = (int(parts[11]) + int(parts[12])) / tick
+    total = 0.0
+    for pid, seconds in used.items():
+        ancestor = parents.get(pid)
+        while ancestor is not None and ancestor != root:
+            ancestor = parents.get(ancestor)
+        total += seconds if ancestor == root else 0.0
+    return total
 
 
 def _comparable(doc: dict) -> dict:
