@@ -919,8 +919,8 @@ def _write_xids(client: Client, plan: ReadPlan, names: set[str], store: Store) -
 
 
 def _host_kind(v: SeriesVocabulary, names: set[str]) -> str | None:
-    """Whose host series the read uses: the vocabulary's own (``aiscope``, by node label), else
-    node_exporter's (by target), else none."""
+    """Whose host series the read uses: the vocabulary's own (``"own"``: aiscope's, by node
+    label), else ``"node_exporter"``'s (by target), else none."""
     if v.host and any(name in names for _, name, _ in v.host):
         return "own"
     if "node_cpu_seconds_total" in names or any(n in names for _, _, n, _ in NODE_EXPORTER_HOST):

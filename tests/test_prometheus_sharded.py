@@ -11,6 +11,7 @@ import threading
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 
 from aiscope.cli import main
 from aiscope.prometheus import analyze_prometheus, fetch
-from analyzer.engine import PoolEngine, SerialEngine
+from analyzer.engine import Engine, PoolEngine, SerialEngine, make_engine
 from ingest.prometheus import (
     PrometheusSource,
     ReadPlan,
@@ -32,6 +33,7 @@ from ingest.prometheus import (
 from store.vocabulary import DCGM_VOCABULARY
 from tests.conftest import require_tool
 from tests.promserver import serve_backfill, store_to_openmetrics
+from tests.raycluster import RayCluster
 
 #: What a sharded read may change: how long it took and how many requests it made.
 TIMING = ("fetch_seconds", "analysis_seconds", "requests")
@@ -66,33 +68,78 @@ def pool() -> Iterator[PoolEngine]:
         engine.close()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("vocabulary", ["dcgm", "aiscope"])
-def test_shards_of_one_node_give_the_whole_read_s_document(
-    training_multinode_store: Path, tmp_path: Path, vocabulary: str, pool: PoolEngine
-) -> None:
+@pytest.fixture(scope="module")
+def ray_engine(ray_cluster: RayCluster) -> Iterator[Engine]:
+    """This process connected to the session's Ray cluster as a user is (``tests/test_engine.py``
+    does the same): ``address="auto"``, the cluster's token in the environment while connecting."""
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in ray_cluster.env().items():
+            env.setenv(name, value)
+        env.delenv("RAY_ADDRESS", raising=False)
+        engine = make_engine("ray", "auto")
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+@dataclass(frozen=True)
+class Served:
+    """A real Prometheus backfilled with ``training-multinode`` in one vocabulary, and the
+    document of its window read whole (no engine: the reader as it always was)."""
+
+    source: PrometheusSource
+    whole: dict[str, Any]
+
+
+@pytest.fixture(scope="module", params=["dcgm", "aiscope"])
+def served(
+    request: pytest.FixtureRequest,
+    training_multinode_store: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Served]:
     require_tool("prometheus")
     require_tool("promtool")
-    metrics = tmp_path / "metrics.om"
-    store_to_openmetrics(training_multinode_store, metrics, vocabulary)
-    with serve_backfill(metrics, tmp_path) as url:
-        source = PrometheusSource(url, vocabulary=vocabulary)
+    tmp = tmp_path_factory.mktemp(f"prometheus-{request.param}")
+    metrics = tmp / "metrics.om"
+    store_to_openmetrics(training_multinode_store, metrics, request.param)
+    with serve_backfill(metrics, tmp) as url:
+        source = PrometheusSource(url, vocabulary=request.param)
         whole = analyze_prometheus(source, "7d")
-        serial = analyze_prometheus(source, "7d", engine=SerialEngine(), batch_size=1)
-        pooled = analyze_prometheus(source, "7d", engine=pool, batch_size=1)
-        parts = tmp_path / "parts"
-        parts.mkdir()
-        report = fetch(source, 7 * 86400.0, parts, pool, batch_size=1)
-    nodes = {g["node"] for g in whole["gpus"]}
-    assert len(nodes) > 1  # there is something to shard
-    assert len(list(parts.glob("*.duckdb"))) == len(nodes)  # one store per node: sharded
-    assert report.points == whole["source"]["points"] > 0
-    # The host series were read too, and mapped to the same nodes (node_exporter's by target).
-    assert report.series > len(whole["gpus"])
-    _same(_without_timing(whole), _without_timing(serial))
-    _same(_without_timing(whole), _without_timing(pooled))
+        assert len({g["node"] for g in whole["gpus"]}) > 1  # there is something to shard
+        yield Served(source, whole)
+
+
+def _agrees(served: Served, sharded: dict[str, Any]) -> None:
+    _same(_without_timing(served.whole), _without_timing(sharded))
     # Each shard repeats the GPU, device and host queries for its nodes.
-    assert pooled["source"]["requests"] > whole["source"]["requests"]
+    assert sharded["source"]["requests"] > served.whole["source"]["requests"]
+
+
+@pytest.mark.slow
+def test_shards_of_one_node_on_the_serial_engine_give_the_whole_document(served: Served) -> None:
+    _agrees(served, analyze_prometheus(served.source, "7d", engine=SerialEngine(), batch_size=1))
+
+
+@pytest.mark.slow
+def test_shards_of_one_node_on_a_pool_give_the_whole_document(
+    served: Served, pool: PoolEngine, tmp_path: Path
+) -> None:
+    _agrees(served, analyze_prometheus(served.source, "7d", engine=pool, batch_size=1))
+    report = fetch(served.source, 7 * 86400.0, tmp_path, pool, batch_size=1)
+    nodes = {g["node"] for g in served.whole["gpus"]}
+    assert len(list(tmp_path.glob("*.duckdb"))) == len(nodes)  # one store per node: sharded
+    assert report.points == served.whole["source"]["points"] > 0
+    # The host series were read too, and mapped to the same nodes (node_exporter's by target).
+    assert report.series > len(served.whole["gpus"])
+
+
+@pytest.mark.slow
+def test_shards_on_a_real_ray_cluster_give_the_whole_document(
+    served: Served, ray_engine: Engine
+) -> None:
+    """Each task returns its store's bytes through Ray's object store; the driver analyzes."""
+    _agrees(served, analyze_prometheus(served.source, "7d", engine=ray_engine, batch_size=1))
 
 
 # -- credentials and errors, against a small local server ----------------------------------------
