@@ -30,6 +30,7 @@ How a window is read:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import http.client
 import itertools
 import json
@@ -38,6 +39,7 @@ import math
 import re
 import ssl
 import statistics
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -81,6 +83,7 @@ MAX_POINTS = 11_000
 SOURCE = "prometheus"
 _RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)  # about 4 s before a server counts as down
 _LOOKBACK = 240.0  # below Prometheus's default 5-minute lookback
+_RE2_SPECIAL = re.compile(r"[\\.+*?()|\[\]{}^$]")
 _MATCHER = re.compile(r'^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*$')
 
 
@@ -159,6 +162,29 @@ def _read_secret(path: Path, flag: str) -> str:
         raise PrometheusBadInput(f"{flag} {path}: not a text file") from None
 
 
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What the credential options' files hold, read once on the driver: the request headers
+    (``--prometheus-header``, and the bearer token or basic-auth pair as ``Authorization``) and
+    the CA certificates as PEM text.
+
+    A sharded read's tasks get them broadcast in memory (:class:`ShardShared`), so a task on
+    another machine needs none of the files, and the secret is never written to disk or put on
+    a command line by aiscope. ``repr`` hides both, so no log or error shows them."""
+
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    ca_pem: str | None = field(default=None, repr=False)
+
+
+def read_credentials(source: PrometheusSource) -> Credentials:
+    """The headers and CA certificates ``source``'s options name, read from their files."""
+    headers = tuple(_auth_headers(source).items())
+    ca_pem = None
+    if source.ca_file is not None:
+        ca_pem = _read_secret(source.ca_file, "--prometheus-ca-file")
+    return Credentials(headers, ca_pem)
+
+
 def _auth_headers(source: PrometheusSource) -> dict[str, str]:
     headers: dict[str, str] = {}
     for raw in source.headers:
@@ -179,12 +205,12 @@ def _auth_headers(source: PrometheusSource) -> dict[str, str]:
     return headers
 
 
-def _ssl_context(source: PrometheusSource) -> ssl.SSLContext | None:
-    if source.ca_file is None:
+def _ssl_context(source: PrometheusSource, ca_pem: str | None) -> ssl.SSLContext | None:
+    if ca_pem is None:
         return None
     try:
-        return ssl.create_default_context(cafile=str(source.ca_file))
-    except (OSError, ssl.SSLError) as exc:
+        return ssl.create_default_context(cadata=ca_pem)
+    except (ssl.SSLError, ValueError) as exc:
         raise PrometheusBadInput(f"--prometheus-ca-file {source.ca_file}: {exc}") from exc
 
 
@@ -204,15 +230,22 @@ class Client:
         source: PrometheusSource,
         sleep: Callable[[float], None] = time.sleep,
         retry_delays: tuple[float, ...] = _RETRY_DELAYS,
+        credentials: Credentials | None = None,
     ) -> None:
+        """``credentials``: as :func:`read_credentials` reads them (read here when ``None``; a
+        sharded read's task is handed the driver's, and reads no file)."""
         checked = urllib.parse.urlsplit(_check_url(source.url))
+        if credentials is None:
+            credentials = read_credentials(source)
         #: The server's API root, and the query parameters every request carries (a gateway's
         #: ``?apikey=…``): requests only ever use these; everything shown uses :attr:`shown`.
         self.url = urllib.parse.urlunsplit(checked._replace(query="", fragment="")).rstrip("/")
         self._base_params = urllib.parse.parse_qsl(checked.query, keep_blank_values=True)
         self.shown = mask_url(source.url.rstrip("/"))
-        self._headers = {"Accept": "application/json", **_auth_headers(source)}
-        self._context = _ssl_context(source)
+        #: What a sharded read's tasks are handed (:class:`ShardShared`).
+        self.credentials = credentials
+        self._headers = {"Accept": "application/json", **dict(credentials.headers)}
+        self._context = _ssl_context(source, credentials.ca_pem)
         self._timeout = source.timeout_seconds
         self._sleep = sleep
         self._delays = retry_delays
@@ -274,6 +307,19 @@ class Client:
     def names(self, match: str) -> set[str]:
         data = self.get("/api/v1/label/__name__/values", {"match[]": match})
         return {str(n) for n in data or []}
+
+    def label_values(self, label: str, match: list[str], start: float, end: float) -> set[str]:
+        """The values ``label`` takes on the series ``match`` selects (ORed) in ``[start, end]``:
+        an index lookup, no samples read (the server may count whole blocks around the range)."""
+        params = {"match[]": match, "start": _fmt(start), "end": _fmt(end)}
+        data = self.get(f"/api/v1/label/{urllib.parse.quote(label)}/values", params)
+        return {str(v) for v in data or []}
+
+    def series(self, match: list[str], start: float, end: float) -> list[dict[str, str]]:
+        """Label sets of (at most a few of) the series ``match`` selects in ``[start, end]``."""
+        params = {"match[]": match, "start": _fmt(start), "end": _fmt(end), "limit": 1}
+        data = self.get("/api/v1/series", params)
+        return [dict(s) for s in data or [] if isinstance(s, dict)]
 
     def query_range(
         self, query: str, start: float, end: float, step: float
@@ -447,13 +493,18 @@ def _first_point(client: Client, query: str, start: float, end: float, step: flo
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class ReadPlan:
+    """The window every part of a read fetches, decided once (on the driver of a sharded read):
+    the vocabulary, the fleet's matchers, the evaluation points ``start`` to ``end`` every
+    ``step`` seconds, the raw sample interval, and the series names the server has."""
+
     vocabulary: SeriesVocabulary
     fleet: str
     start: float
     end: float
     step: float
     interval: float | None
+    names: frozenset[str] = frozenset()
 
 
 def choose_vocabulary(client: Client, source: PrometheusSource, fleet: str) -> SeriesVocabulary:
@@ -477,18 +528,16 @@ def choose_vocabulary(client: Client, source: PrometheusSource, fleet: str) -> S
     )
 
 
-def read(
+def plan_read(
+    client: Client,
     source: PrometheusSource,
     since_seconds: float,
-    store: Store,
     bucket_for: Callable[[float, float | None], int],
     clock: Callable[[], float] = time.time,
-    sleep: Callable[[float], None] = time.sleep,
-) -> ReadReport:
-    """Read the window ``(newest sample - since, newest sample]`` from the server into ``store``.
+) -> ReadPlan:
+    """The window ``(newest sample - since, newest sample]`` and how to fetch it.
 
     ``bucket_for(window_seconds, sample_interval_seconds)`` is the analyzer's bucket rule."""
-    client = Client(source, sleep=sleep)
     fleet = parse_matchers(source.matchers)
     vocabulary = choose_vocabulary(client, source, fleet)
     anchor = selector(vocabulary.anchor, fleet)
@@ -499,14 +548,144 @@ def read(
     interval = sample_interval(client, anchor, end, since_seconds)
     step = max(bucket_for(end - start, interval) / 2.0, 1.0)
     first = end - step * math.floor((end - (end - since_seconds)) / step)
-    plan = _Plan(vocabulary, fleet, first, end, step, interval)
-    report = ReadReport(client.shown, vocabulary.name, step_seconds=step)
     names = client.names(selector("", fleet, '__name__=~"aiscope_.+|DCGM_FI_.+|node_.+"'))
-    gpus = _read_gpus(client, plan, names, store, report)
-    _read_hosts(client, plan, names, gpus, store, report)
+    return ReadPlan(vocabulary, fleet, first, end, step, interval, frozenset(names))
+
+
+def read(
+    source: PrometheusSource,
+    since_seconds: float,
+    store: Store,
+    bucket_for: Callable[[float, float | None], int],
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ReadReport:
+    """Read the window ``(newest sample - since, newest sample]`` from the server into ``store``,
+    the whole fleet at once (:func:`read_shard` reads one part of it)."""
+    client = Client(source, sleep=sleep)
+    plan = plan_read(client, source, since_seconds, bucket_for, clock)
+    report = new_report(client, plan)
+    read_into(client, plan, None, store, report)
     report.requests = client.requests
-    report.missing = _missing(vocabulary, names)
     return report
+
+
+def new_report(client: Client, plan: ReadPlan) -> ReadReport:
+    """An empty report of ``plan``'s read: what it reads, and what its vocabulary lacks."""
+    report = ReadReport(client.shown, plan.vocabulary.name, step_seconds=plan.step)
+    report.missing = _missing(plan.vocabulary, set(plan.names))
+    return report
+
+
+def read_into(
+    client: Client, plan: ReadPlan, shard: Shard | None, store: Store, report: ReadReport
+) -> None:
+    """Fetch ``plan``'s window into ``store``: the fleet, or only ``shard``'s nodes."""
+    gpu_plan = plan if shard is None else _narrowed(plan, plan.vocabulary.node_label, shard.nodes)
+    gpus = _read_gpus(client, gpu_plan, set(plan.names), store, report)
+    _read_hosts(client, plan, set(plan.names), gpus, store, report, shard)
+
+
+# -- sharded by node -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One task's part of a sharded read: its GPU nodes (by the vocabulary's node label), and
+    the node_exporter targets the driver matched to them (``(instance, node)``)."""
+
+    nodes: tuple[str, ...]
+    instances: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ShardShared:
+    """What every task of a sharded read gets, broadcast by the engine: the source (its URL,
+    matchers and options; the credential files are not read again), the credentials the driver
+    read from them (in memory only: :class:`Credentials`) and the plan."""
+
+    source: PrometheusSource
+    credentials: Credentials
+    plan: ReadPlan
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRead:
+    """A task's result: its store file's bytes (the task may have run on another machine) and
+    what it read (series, points, HTTP requests)."""
+
+    store_bytes: bytes
+    series: int
+    points: int
+    requests: int
+
+
+def fleet_nodes(client: Client, plan: ReadPlan) -> tuple[str, ...] | None:
+    """The GPU nodes of the window, sorted: the values of the node label on the GPU series the
+    read fetches (its gauges, device gauges and XIDs; two index lookups, no samples read).
+    ``None`` when some of those series have no node label (the reader then names their node by
+    ``instance``): such a fleet is read whole."""
+    v = plan.vocabulary
+    read = [s for _, s, _ in v.gauges] + [s for s, _, _ in v.device_gauges] + [v.xid]
+    gauges = sorted({s for s in read if s in plan.names} | {v.anchor})
+    every = [selector(s, plan.fleet) for s in gauges]
+    unnamed = [selector(s, plan.fleet, f'{v.node_label}=""') for s in gauges]
+    if client.series(unnamed, plan.start, plan.end):
+        return None
+    return tuple(sorted(client.label_values(v.node_label, every, plan.start, plan.end)))
+
+
+def shards(client: Client, plan: ReadPlan, runs: list[tuple[str, ...]]) -> list[Shard]:
+    """``runs`` of nodes as shards; where the host series are node_exporter's, each with the
+    targets matched to its nodes as an unsharded read matches them (:func:`_node_matcher`)."""
+    if _host_kind(plan.vocabulary, set(plan.names)) != "node_exporter":
+        return [Shard(run) for run in runs]
+    fleet = {node for run in runs for node in run}
+    match = _node_matcher(client, plan, fleet)
+    instances = client.label_values(
+        "instance", [selector("", plan.fleet, '__name__=~"node_.+"')], plan.start, plan.end
+    )
+    to_node = {i: match({"instance": i}) for i in sorted(instances)}
+    return [
+        Shard(run, tuple((i, n) for i, n in to_node.items() if n is not None and n in run))
+        for run in runs
+    ]
+
+
+def read_shard(shard: Shard, shared: ShardShared) -> ShardRead:
+    """A task: ``shard``'s nodes read into a store of its own in a temporary directory, closed,
+    and returned as the file's bytes. Module-level, its arguments frozen records, so any engine
+    runs it in another process or on another machine. Its errors are the reader's one-liners
+    (:class:`PrometheusBadInput`, :class:`PrometheusFailure`), which pass through every engine
+    as they are."""
+    client = Client(shared.source, credentials=shared.credentials)
+    report = ReadReport(client.shown, shared.plan.vocabulary.name)
+    with tempfile.TemporaryDirectory(prefix="aiscope-prometheus-shard-") as tmp:
+        path = Path(tmp) / "shard.duckdb"
+        store = Store(path)
+        try:
+            read_into(client, shared.plan, shard, store, report)
+        finally:
+            store.close()
+        data = path.read_bytes()
+    return ShardRead(data, report.series, report.points, client.requests)
+
+
+def _narrowed(plan: ReadPlan, label: str, values: tuple[str, ...]) -> ReadPlan:
+    """``plan`` with its fleet narrowed to series whose ``label`` is one of ``values``."""
+    return dataclasses.replace(plan, fleet=_and(plan.fleet, one_of(label, values)))
+
+
+def _and(*matchers: str) -> str:
+    return ",".join(m for m in matchers if m)
+
+
+def one_of(label: str, values: tuple[str, ...]) -> str:
+    """A matcher for ``label`` equal to one of ``values``, each value taken literally (RE2's
+    metacharacters escaped, then the PromQL string's backslashes and quotes)."""
+    pattern = "|".join(_RE2_SPECIAL.sub(r"\\\g<0>", v) for v in values)
+    literal = pattern.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{label}=~"{literal}"'
 
 
 def _missing(vocabulary: SeriesVocabulary, names: set[str]) -> list[str]:
@@ -551,7 +730,7 @@ def _identity(labels: dict[str, str], v: SeriesVocabulary) -> tuple[str, str, in
 
 
 def _read_gpus(
-    client: Client, plan: _Plan, names: set[str], store: Store, report: ReadReport
+    client: Client, plan: ReadPlan, names: set[str], store: Store, report: ReadReport
 ) -> set[tuple[str, str]]:
     """Fetch every GPU gauge, one response at a time, into the store; return (node, uuid)s."""
     v = plan.vocabulary
@@ -578,7 +757,7 @@ def _read_gpus(
     return set(gpus.devices)
 
 
-def _write_declarations(client: Client, plan: _Plan, store: Store, gpus: _Gpus) -> None:
+def _write_declarations(client: Client, plan: ReadPlan, store: Store, gpus: _Gpus) -> None:
     """What the pods that held GPUs declare, from kube-state-metrics when the server has it
     (:mod:`ingest.kube_state`), joined on namespace and pod."""
     pods: dict[tuple[str, str], set[str]] = {}
@@ -651,7 +830,9 @@ def _pivot_sql(fields: list[str]) -> str:
     )
 
 
-def _write_devices(client: Client, plan: _Plan, names: set[str], store: Store, gpus: _Gpus) -> None:
+def _write_devices(
+    client: Client, plan: ReadPlan, names: set[str], store: Store, gpus: _Gpus
+) -> None:
     extra: dict[tuple[str, str], dict[str, Any]] = {}
     window = _duration(plan.end - plan.start + plan.step)
     for series, field_name, factor in plan.vocabulary.device_gauges:
@@ -709,7 +890,7 @@ def _write_holders(store: Store, gpus: _Gpus) -> None:
         store.write_now(samples[i : i + 100_000])
 
 
-def _write_xids(client: Client, plan: _Plan, names: set[str], store: Store) -> None:
+def _write_xids(client: Client, plan: ReadPlan, names: set[str], store: Store) -> None:
     """An XID event per change of dcgm-exporter's last-XID gauge to a new nonzero code, or per
     increase of aiscope's XID counter."""
     v = plan.vocabulary
@@ -737,41 +918,77 @@ def _write_xids(client: Client, plan: _Plan, names: set[str], store: Store) -> N
 # -- hosts ---------------------------------------------------------------------------------------
 
 
+def _host_kind(v: SeriesVocabulary, names: set[str]) -> str | None:
+    """Whose host series the read uses: the vocabulary's own (``"own"``: aiscope's, by node
+    label), else ``"node_exporter"``'s (by target), else none."""
+    if v.host and any(name in names for _, name, _ in v.host):
+        return "own"
+    if "node_cpu_seconds_total" in names or any(n in names for _, _, n, _ in NODE_EXPORTER_HOST):
+        return "node_exporter"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _HostRead:
+    """How to read the host series: the plan narrowed to the nodes read, the queries by field,
+    the network series and their query, and each series' GPU node."""
+
+    plan: ReadPlan
+    queries: list[tuple[str, str]]
+    net: list[tuple[str, str]]
+    net_query: str
+    nodes: Callable[[dict[str, str]], str | None]
+
+
+def _host_read(
+    client: Client, plan: ReadPlan, names: set[str], gpu_nodes: set[str], shard: Shard | None
+) -> _HostRead | None:
+    """The host read of the fleet, or of ``shard``: its nodes' own series by node label, or the
+    node_exporter targets the driver matched to them (``None``: nothing to read)."""
+    v = plan.vocabulary
+    kind = _host_kind(v, names)
+    if kind == "own":
+        host = plan if shard is None else _narrowed(plan, v.node_label, shard.nodes)
+        avg = _duration(plan.step - 0.001)
+        queries = [
+            (f, f"avg_over_time({selector(n, host.fleet, extra)}[{avg}])")
+            for f, n, extra in v.host
+            if n in names
+        ]
+        net = [(n, d) for n, d in v.network if n in names]
+        label = v.node_label
+        return _HostRead(host, queries, net, "avg_over_time({sel}[{r}])", lambda m: m.get(label))
+    if kind is None or (shard is not None and not shard.instances):
+        return None
+    if shard is None:
+        host, nodes = plan, _node_matcher(client, plan, gpu_nodes)
+    else:
+        targets = dict(shard.instances)
+        host = _narrowed(plan, "instance", tuple(targets))
+        nodes = lambda m: targets.get(m.get("instance", ""))  # noqa: E731
+    net = [(n, d) for n, d in NODE_EXPORTER_INFINIBAND if n in names]
+    net_query = "sum by (instance, device, port) (rate({sel}[{r}]))"
+    return _HostRead(host, _node_exporter_queries(host, names), net, net_query, nodes)
+
+
 def _read_hosts(
     client: Client,
-    plan: _Plan,
+    plan: ReadPlan,
     names: set[str],
     gpus: set[tuple[str, str]],
     store: Store,
     report: ReadReport,
+    shard: Shard | None = None,
 ) -> None:
     gpu_nodes = {node for node, _ in gpus}
-    v = plan.vocabulary
-    if v.host and any(name in names for _, name, _ in v.host):
-        queries = [
-            (f, f"avg_over_time({selector(n, plan.fleet, extra)}[{_duration(plan.step - 0.001)}])")
-            for f, n, extra in v.host
-            if n in names
-        ]
-
-        def by_label(labels: dict[str, str]) -> str | None:
-            return labels.get(v.node_label)
-
-        nodes: Callable[[dict[str, str]], str | None] = by_label
-        net = [(n, d) for n, d in v.network if n in names]
-        net_query = "avg_over_time({sel}[{r}])"
-    elif "node_cpu_seconds_total" in names or any(n in names for _, _, n, _ in NODE_EXPORTER_HOST):
-        queries = _node_exporter_queries(plan, names)
-        nodes = _node_matcher(client, plan, gpu_nodes)
-        net = [(n, d) for n, d in NODE_EXPORTER_INFINIBAND if n in names]
-        net_query = "sum by (instance, device, port) (rate({sel}[{r}]))"
-    else:
+    how = _host_read(client, plan, names, gpu_nodes, shard)
+    if how is None:
         return
     values: dict[tuple[str, float], dict[str, float]] = {}
-    for field_name, query in queries:
+    for field_name, query in how.queries:
         for piece in client.query_range(query, plan.start, plan.end, plan.step):
             for series in piece:
-                node = nodes(series.get("metric", {}))
+                node = how.nodes(series.get("metric", {}))
                 if node is None or node not in gpu_nodes:
                     continue
                 report.series += 1
@@ -779,7 +996,7 @@ def _read_hosts(
                     report.points += 1
                     values.setdefault((node, float(ts)), {})[field_name] = float(text)
     _write_host_samples(store, values)
-    _read_net(client, plan, net, net_query, nodes, gpu_nodes, store)
+    _read_net(client, how.plan, how.net, how.net_query, how.nodes, gpu_nodes, store)
 
 
 def _write_host_samples(store: Store, values: dict[tuple[str, float], dict[str, float]]) -> None:
@@ -797,7 +1014,7 @@ def _write_host_samples(store: Store, values: dict[tuple[str, float], dict[str, 
         store.write_now(records[i : i + 100_000])
 
 
-def _node_exporter_queries(plan: _Plan, names: set[str]) -> list[tuple[str, str]]:
+def _node_exporter_queries(plan: ReadPlan, names: set[str]) -> list[tuple[str, str]]:
     rate_range = _duration(max(2 * plan.step, 3 * (plan.interval or plan.step)))
     f = plan.fleet
 
@@ -830,7 +1047,7 @@ def _short(name: str) -> str:
 
 
 def _node_matcher(
-    client: Client, plan: _Plan, gpu_nodes: set[str]
+    client: Client, plan: ReadPlan, gpu_nodes: set[str]
 ) -> Callable[[dict[str, str]], str | None]:
     """A node_exporter target's GPU node: by ``nodename`` from ``node_uname_info`` where the
     server has it, else by ``instance`` without its port; whole, else by the first DNS label."""
@@ -855,7 +1072,7 @@ def _node_matcher(
 
 def _read_net(
     client: Client,
-    plan: _Plan,
+    plan: ReadPlan,
     net: list[tuple[str, str]],
     template: str,
     nodes: Callable[[dict[str, str]], str | None],

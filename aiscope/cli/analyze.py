@@ -67,6 +67,7 @@ def analyze_command(
       aiscope analyze --prometheus https://mimir/prometheus --prometheus-header 'X-Scope-OrgID: a'
       aiscope analyze --store fleet/ --engine pool --workers 2
       aiscope analyze --store s3://telemetry/aiscope --engine ray --address auto
+      aiscope analyze --prometheus http://prometheus:9090 --engine pool --workers 4
     """
     from report.table import render_text  # noqa: PLC0415
 

@@ -261,7 +261,8 @@ def analysis_document(
 ) -> dict[str, Any]:
     """The analysis document of the stores (``--store``, else the default store), or of the
     ``--prometheus`` server (``source``); stores are read and classified on ``engine``
-    (:mod:`analyzer.engine`; ``None``: in this process)."""
+    (:mod:`analyzer.engine`; ``None``: in this process), and the server's window is read on it
+    sharded by node (:mod:`aiscope.prometheus`)."""
     from analyzer.analysis import analyze  # noqa: PLC0415
     from analyzer.prices import from_file as accounting_from_file  # noqa: PLC0415
     from analyzer.thresholds import from_file  # noqa: PLC0415
@@ -278,7 +279,9 @@ def analysis_document(
         from aiscope.prometheus import analyze_prometheus  # noqa: PLC0415
 
         with progress(f"reading {mask_url(source.url)}") as update:
-            doc = analyze_prometheus(source, since, thresholds, accounting)
+            doc = analyze_prometheus(
+                source, since, thresholds, accounting, engine=engine, progress=update
+            )
             update(1.0)
         return doc
     with progress("analyzing") as update:
@@ -436,10 +439,12 @@ EngineOption = Annotated[
     str | None,
     typer.Option(
         "--engine",
-        help="Where loading and classifying run: serial (this process), pool (a process per "
+        help="Where loading and classifying run, and a --prometheus read sharded by node: "
+        "serial (this process), pool (a process per "
         "core; the default on more than one core, from 128 nodes: smaller fleets run in "
         "this process) or ray (a Ray cluster: pip install "
-        "'aiscope[ray]'), e.g. --engine serial, --engine ray --address auto.",
+        "'aiscope[ray]'), e.g. --engine serial, --engine ray --address auto, "
+        "--prometheus http://prometheus:9090 --engine pool.",
         rich_help_panel="Engine",
     ),
 ]

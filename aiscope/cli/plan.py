@@ -161,7 +161,9 @@ def _plan_document(
         from aiscope.prometheus import plan_prometheus  # noqa: PLC0415
 
         with progress(f"reading {mask_url(source.url)}") as update:
-            doc = plan_prometheus(source, since or "90d", horizon, thresholds, site, queue)
+            doc = plan_prometheus(
+                source, since or "90d", horizon, thresholds, site, queue, engine=engine
+            )
             update(1.0)
         return doc
     with progress("planning") as update:
