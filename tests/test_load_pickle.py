@@ -22,8 +22,6 @@ from analyzer.load import (
     load_nodes,
     plan_window,
 )
-from analyzer.stages import LoadShared, load_batch
-from analyzer.thresholds import Thresholds
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +81,14 @@ def test_records_pickle_as_plain_tuples(data: FleetData) -> None:
 
 
 def test_the_pool_engine_returns_the_batch_as_loaded(plan: WindowPlan, data: FleetData) -> None:
+    """A batch read in a worker process comes back through the pipe as the loader built it."""
     engine = PoolEngine(1)
     try:
-        shared = engine.broadcast(LoadShared(plan, Thresholds()))
-        (loaded,) = engine.map(load_batch, [plan.nodes], shared)
+        (loaded,) = engine.map(load_nodes, [plan.nodes], engine.broadcast(plan))
     finally:
         engine.close()
-    assert loaded.data == data
-    assert all(type(r) is t for t, r in _records(loaded.data))
+    assert loaded == data
+    assert all(type(r) is t for t, r in _records(loaded))
 
 
 def test_batches_read_a_shared_store_filtered_and_a_lone_store_whole(
