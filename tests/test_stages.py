@@ -302,7 +302,9 @@ def test_each_stage_is_told_in_order_in_process(four_nodes: Path) -> None:
     fractions = [f for f, _ in heard]
     assert fractions == sorted(fractions) and fractions[0] >= 0.0 and fractions[-1] < 1.0
     said = " | ".join(w for _, w in heard)
-    assert said.startswith("reading the stores | classifying 32 GPUs | looking for starved")
+    assert said.startswith(
+        "planning the window | reading 4 nodes here | classifying 32 GPUs | looking for starved"
+    )
     assert "sizing reservations" in said and "charging owners" in said
 
 
