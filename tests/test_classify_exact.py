@@ -25,6 +25,7 @@ from analyzer.classify import (
     _variance_of,
     pearson,
 )
+from tests.oracles import old_pearson
 
 #: Loads, watts and bytes: ratios near 1, hundreds, billions; ties of binary fractions too.
 values = st.one_of(
@@ -34,18 +35,6 @@ values = st.one_of(
     st.integers(0, 64).map(lambda k: k / 8),
 )
 series = st.lists(values, min_size=3, max_size=300)
-
-
-def _old_pearson(xs: list[float], ys: list[float]) -> float:
-    """The generator-sum Pearson the classifier used before (fmean, then ``**2`` sums)."""
-    if len(xs) < 3:
-        return 0.0
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    vx = sum((x - mx) ** 2 for x in xs)
-    vy = sum((y - my) ** 2 for y in ys)
-    if vx <= 1e-12 or vy <= 1e-12:
-        return 0.0
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / math.sqrt(vx * vy)
 
 
 @given(st.lists(st.tuples(values, st.integers(1, 12)), min_size=1, max_size=200))
@@ -76,9 +65,9 @@ def test_blocks_whose_carried_errors_round_still_match_fsum() -> None:
 @given(series)
 def test_pearson_matches_the_generator_sums(xs: list[float]) -> None:
     ys = [x * 0.7 + (i % 5) * 0.01 for i, x in enumerate(xs)]
-    assert pearson(xs, ys) == _old_pearson(xs, ys)
+    assert pearson(xs, ys) == old_pearson(xs, ys)
     a, b = _Centred(np.array(xs)), _Centred(np.array(ys))
-    assert _centred_r(a, b) == _old_pearson(xs, ys)
+    assert _centred_r(a, b) == old_pearson(xs, ys)
 
 
 def test_squares_go_through_pow() -> None:
@@ -93,7 +82,7 @@ def test_squares_go_through_pow() -> None:
     for squares in (_squares, _pow_squares):
         assert squares(np.array(xs + odd)).tolist() == [x**2 for x in xs + odd]
     ys = [x + (i % 3) for i, x in enumerate(xs)]
-    assert pearson(xs, ys) == _old_pearson(xs, ys)
+    assert pearson(xs, ys) == old_pearson(xs, ys)
 
 
 @given(series)

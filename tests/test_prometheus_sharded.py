@@ -6,7 +6,6 @@ in a task is the one line an unsharded read gives."""
 from __future__ import annotations
 
 import json
-import math
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -32,27 +31,12 @@ from ingest.prometheus import (
 )
 from store.vocabulary import DCGM_VOCABULARY
 from tests.conftest import require_tool
+from tests.oracles import same_document
 from tests.promserver import serve_backfill, store_to_openmetrics
 from tests.raycluster import RayCluster
 
 #: What a sharded read may change: how long it took and how many requests it made.
 TIMING = ("fetch_seconds", "analysis_seconds", "requests")
-
-
-def _same(a: Any, b: Any, where: str = "doc") -> None:
-    """Equal documents, floats to 1e-9 (relative)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), f"{where}: {len(a)} items != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), f"{where}: {a} != {b}"
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def _without_timing(doc: dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +95,7 @@ def served(
 
 
 def _agrees(served: Served, sharded: dict[str, Any]) -> None:
-    _same(_without_timing(served.whole), _without_timing(sharded))
+    same_document(_without_timing(served.whole), _without_timing(sharded))
     # Each shard repeats the GPU, device and host queries for its nodes.
     assert sharded["source"]["requests"] > served.whole["source"]["requests"]
 

@@ -23,26 +23,11 @@ from analyzer.lockstep import Lockstep, LockstepCandidate, merge_found, window_k
 from analyzer.reference import IDLE_BINS_PER_WATT, fleet_idle, idle_histogram
 from analyzer.stages import batches, lockstep_map, lockstep_reduce
 from analyzer.thresholds import Thresholds
+from tests.oracles import old_pearson, same_document
 
 #: Half a day of each built-in scenario at the demo's 5-minute cadence (test_one_truth's shape,
 #: shorter: the comparison needs the shapes, not the days).
 SCENARIO_DAYS = 0.25
-
-
-def _same(a: Any, b: Any, where: str = "doc") -> None:
-    """Equal documents up to float summation order (relative 1e-9)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), f"{where}: {len(a)} items != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), f"{where}: {a} != {b}"
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +58,7 @@ def test_pool_and_serial_give_one_document_per_scenario(
     serial = analyze([str(store)], "7d")
     staged = analyze([str(store)], "7d", engine=pool, batch_size=1)
     assert serial["gpus"], "the scenario has GPUs to compare"
-    _same(serial, staged)
+    same_document(serial, staged)
 
 
 def test_a_generated_fleet_is_one_document_on_every_engine(
@@ -91,7 +76,7 @@ def test_a_generated_fleet_is_one_document_on_every_engine(
     assert len(one["gpus"]) == 32
     lockstep = [g for g in one["gpus"] if any("16 GPUs in lockstep" in e for e in g["evidence"])]
     assert {g["node"] for g in lockstep} == {"node-0000", "node-0001"}  # across two batches
-    _same(one, staged)
+    same_document(one, staged)
 
 
 # -- the band join --------------------------------------------------------------------------------
@@ -205,7 +190,7 @@ def test_a_node_in_a_store_and_in_segments_counts_once_in_every_batch(
     assert one["gpus"][0]["gpu_hours"] == pytest.approx(
         {**one["gpus"][0]["gpu_hours"], "training": 3.0}, abs=0.2
     )  # three hours once, not five (the segments' two again)
-    _same(one, staged)
+    same_document(one, staged)
 
 
 # -- the command line -----------------------------------------------------------------------------
@@ -272,7 +257,7 @@ def test_the_default_pool_runs_a_small_fleet_in_process(two_node_store: Path) ->
             engine.close()
     in_process = analyze([str(two_node_store)], since="7d")
     for doc in documents:
-        _same(in_process, doc)
+        same_document(in_process, doc)
 
 
 # -- what the stages tell, and what a worker keeps ------------------------------------------------
@@ -374,7 +359,7 @@ def _sweep(
             a = dict(zip(s.starts.tolist(), s.values.tolist(), strict=True))
             b = dict(zip(o.starts.tolist(), o.values.tolist(), strict=True))
             keys = sorted(a.keys() & b.keys())
-            r = _pearson([a[k] for k in keys], [b[k] for k in keys]) if len(keys) >= 12 else 0.0
+            r = old_pearson([a[k] for k in keys], [b[k] for k in keys]) if len(keys) >= 12 else 0.0
             if r >= th.lockstep_min_r:
                 edges.append((s.span, o.span, r))
     return edges
@@ -386,15 +371,6 @@ def _alike_footprints(a: LockstepCandidate, b: LockstepCandidate) -> bool:
     if a.memory_gib is not None and b.memory_gib is not None:
         return abs(a.memory_gib - b.memory_gib) <= 0.1 * max(a.memory_gib, b.memory_gib, 1.0)
     return True
-
-
-def _pearson(xs: list[float], ys: list[float]) -> float:
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    vx = sum((x - mx) ** 2 for x in xs)
-    vy = sum((y - my) ** 2 for y in ys)
-    if vx <= 1e-12 or vy <= 1e-12:
-        return 0.0
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / math.sqrt(vx * vy)
 
 
 def _mixed_window(rng: random.Random, n: int) -> list[LockstepCandidate]:
