@@ -118,9 +118,10 @@ class Classified:
 
 
 #: Batches a process read in Map A and keeps for Map B, by (run, batch): a task given a batch
-#: this process read uses it instead of reading it again. The pool and Ray place tasks where
-#: they like, so a Map B task may land elsewhere and read its batch itself: the same rows, so
-#: the same data. At most :data:`KEPT_BATCHES` are kept (the oldest goes first), so a worker's
+#: this process read uses it instead of reading it again. The pool runs batch i of every stage
+#: in the same worker (:class:`analyzer.engine.PoolEngine`); Ray places tasks where it likes,
+#: so there a Map B task may land elsewhere and read its batch itself: the same rows, so the
+#: same data. At most :data:`KEPT_BATCHES` are kept (the oldest goes first), so a worker's
 #: memory stays two batches (up to 128 nodes) whatever the fleet.
 _KEPT: dict[tuple[str, tuple[str, ...]], FleetData] = {}
 KEPT_BATCHES = 2

@@ -116,6 +116,19 @@ def test_a_stages_own_error_reaches_the_caller_as_itself(engine: Engine) -> None
         engine.map(stages.refuse, ITEMS, shared)
 
 
+def test_the_pool_runs_an_item_in_the_same_worker_every_stage(pool: PoolEngine) -> None:
+    """Item i of every map runs in worker i mod workers: what a stage keeps for the next one
+    over the same items (Map A's batches, analyzer.stages) is in the process that needs it."""
+    shared = pool.broadcast(None)
+    first = pool.map(stages.where, ITEMS, shared)
+    again = pool.map(stages.where, list(reversed(ITEMS)), shared)
+    places = [pid for _, pid in first]
+    assert [item for item, _ in first] == list(ITEMS)
+    assert len(set(places)) == pool.workers == 2  # both workers used
+    assert [pid for _, pid in again] == places  # by position, whatever the item
+    assert places == [places[i % 2] for i in range(len(ITEMS))]
+
+
 def test_a_worker_that_dies_is_one_line() -> None:
     """The pool's worker killed mid-task (a fresh pool: a dead worker breaks the whole pool)."""
     engine = PoolEngine(2)
