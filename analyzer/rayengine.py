@@ -9,7 +9,14 @@ How the three verbs become tasks:
 * :meth:`RayEngine.broadcast` is one ``ray.put``; every task is handed the object ref as a
   top-level argument, which Ray resolves to the value in the worker (NumPy arrays zero-copy from
   the node's shared memory), so a value is sent once per node, not once per task;
-* :meth:`RayEngine.map` is one task per item. The stage function is put once per call as well:
+* the engine starts one actor per CPU of the cluster (spread over its nodes) and every task
+  is a call on one of them: item ``i`` of every stage on actor ``i mod actors``, as the pool
+  places it (:class:`analyzer.engine.PoolEngine`). A stage that keeps what it read for the next
+  stage over the same items (Map A's batches for Map B, :mod:`analyzer.stages`) then finds it
+  in that process; plain tasks landed on any worker, and most of Map B read its batch again.
+  An actor that dies is restarted and its call retried (:data:`RETRIES` times), as Ray retries
+  a task whose worker died;
+* :meth:`RayEngine.map` is one call per item. The stage function is put once per call as well:
   a module-level function pickles by reference (a few bytes), but a closure would otherwise be
   pickled again into every task;
 * :meth:`RayEngine.shuffle_reduce` runs each item's mapper with ``num_returns=P`` (P reducers: the
@@ -161,11 +168,31 @@ def _reduce(
     return rows
 
 
-# Ray's remote functions, typed Any: Ray's generic stubs cannot follow an object ref standing for
-# its value, which is how every task here gets the stage function and the broadcast value.
-_MAP_TASK: Any = ray.remote(_map)
-_PARTITIONED_TASK: Any = ray.remote(_partitioned)
-_REDUCE_TASK: Any = ray.remote(_reduce)
+#: Calls of an actor whose process died are retried this many times (Ray's default for tasks).
+RETRIES = 3
+
+
+class _Worker:
+    """One actor: a process that runs the stages' calls placed on it, one at a time, and keeps
+    their module state (the batches :mod:`analyzer.stages` keeps) between them."""
+
+    def map(self, fn: Callable[[T, S], R], item: T, shared: S) -> R | _Failed:
+        return _map(fn, item, shared)
+
+    def partitioned(
+        self, fn: Callable[[T, S], Iterable[tuple[K, V]]], item: T, shared: S, partitions: int
+    ) -> Any:
+        return _partitioned(fn, item, shared, partitions)
+
+    def reduce(
+        self, reduce: Callable[[K, list[V], S], R], shared: S, *mapped: list[Tagged] | _Failed
+    ) -> list[tuple[tuple[int, int], K, R]] | _Failed:
+        return _reduce(reduce, shared, *mapped)
+
+
+# Ray's actor class, typed Any: Ray's generic stubs cannot follow an object ref standing for its
+# value, which is how every call here gets the stage function and the broadcast value.
+_WORKER: Any = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=RETRIES)(_Worker)
 
 
 class RayEngine:
@@ -184,20 +211,30 @@ class RayEngine:
         else:
             _connect(address)
             self._connected_here = True
-        resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        resources: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
+        # One actor per free CPU: actors hold their CPU, so one more than the cluster has free
+        # would wait forever.
         self._workers = max(1, int(resources.get("CPU", 1)))
+        self._actors = [
+            _WORKER.options(scheduling_strategy="SPREAD").remote() for _ in range(self._workers)
+        ]
 
     @property
     def workers(self) -> int:
-        """The cluster's CPUs: how many tasks run at once, and the number of reducers."""
+        """The cluster's free CPUs when the engine started: its actors, how many calls run at
+        once, and the number of reducers."""
         return self._workers
+
+    def _on(self, place: int) -> Any:
+        """The actor that runs item ``place`` of every stage."""
+        return self._actors[place % self._workers]
 
     def broadcast(self, value: S) -> Shared[S]:
         return Shared(ray.put(value))
 
     def map(self, fn: Callable[[T, S], R], items: Sequence[T], shared: Shared[S]) -> list[R]:
         fn_ref = ray.put(fn)
-        refs = [_MAP_TASK.remote(fn_ref, item, shared.handle) for item in items]
+        refs = [self._on(i).map.remote(fn_ref, item, shared.handle) for i, item in enumerate(items)]
         return _get(refs, fn)
 
     def shuffle_reduce(
@@ -209,11 +246,15 @@ class RayEngine:
     ) -> dict[K, R]:
         partitions = self._workers
         fn_ref, reduce_ref = ray.put(fn), ray.put(reduce)
-        mapper = _PARTITIONED_TASK.options(num_returns=partitions)
-        mapped = [mapper.remote(fn_ref, item, shared.handle, partitions) for item in items]
+        mapped = [
+            self._on(i)
+            .partitioned.options(num_returns=partitions)
+            .remote(fn_ref, item, shared.handle, partitions)
+            for i, item in enumerate(items)
+        ]
         by_mapper = [[refs] if partitions == 1 else list(refs) for refs in mapped]
         reducers = [
-            _REDUCE_TASK.remote(reduce_ref, shared.handle, *(refs[p] for refs in by_mapper))
+            self._on(p).reduce.remote(reduce_ref, shared.handle, *(refs[p] for refs in by_mapper))
             for p in range(partitions)
         ]
         results = [row for rows in _get(reducers, reduce) for row in rows]
@@ -221,6 +262,11 @@ class RayEngine:
         return {key: result for _, key, result in results}
 
     def close(self) -> None:
+        if ray.is_initialized():  # a connection kept open (a notebook's) gets its CPUs back
+            for actor in self._actors:
+                with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                    ray.kill(actor)
+        self._actors = []
         if self._connected_here and ray.is_initialized():
             ray.shutdown()
         self._connected_here = False
