@@ -9,7 +9,7 @@ How the three verbs become tasks:
 * :meth:`RayEngine.broadcast` is one ``ray.put``; every task is handed the object ref as a
   top-level argument, which Ray resolves to the value in the worker (NumPy arrays zero-copy from
   the node's shared memory), so a value is sent once per node, not once per task;
-* the engine starts one actor per CPU of the cluster (spread over its nodes) and every task
+* the engine starts one actor per CPU of the cluster (spread over its nodes) and every call
   is a call on one of them: item ``i`` of every stage on actor ``i mod actors``, as the pool
   places it (:class:`analyzer.engine.PoolEngine`). A stage that keeps what it read for the next
   stage over the same items (Map A's batches for Map B, :mod:`analyzer.stages`) then finds it
@@ -192,7 +192,12 @@ class _Worker:
 
 # Ray's actor class, typed Any: Ray's generic stubs cannot follow an object ref standing for its
 # value, which is how every call here gets the stage function and the broadcast value.
-_WORKER: Any = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=RETRIES)(_Worker)
+#: An actor asks for a sliver of a CPU, not a whole one: it then lands only on nodes with CPUs (a
+#: KubeRay head started with ``num-cpus: 0`` gets none), and the actors of two analyses, or of
+#: an engine a notebook left open, never wait for each other's CPUs. Each runs one call at a
+#: time, so one actor per CPU keeps the cluster's CPUs busy.
+ACTOR_CPUS = 0.01
+_WORKER: Any = ray.remote(num_cpus=ACTOR_CPUS, max_restarts=-1, max_task_retries=RETRIES)(_Worker)
 
 
 class RayEngine:
@@ -211,9 +216,7 @@ class RayEngine:
         else:
             _connect(address)
             self._connected_here = True
-        resources: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
-        # One actor per free CPU: actors hold their CPU, so one more than the cluster has free
-        # would wait forever.
+        resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
         self._workers = max(1, int(resources.get("CPU", 1)))
         self._actors = [
             _WORKER.options(scheduling_strategy="SPREAD").remote() for _ in range(self._workers)
@@ -221,8 +224,8 @@ class RayEngine:
 
     @property
     def workers(self) -> int:
-        """The cluster's free CPUs when the engine started: its actors, how many calls run at
-        once, and the number of reducers."""
+        """The cluster's CPUs: its actors, how many calls run at once, and the number of
+        reducers."""
         return self._workers
 
     def _on(self, place: int) -> Any:
