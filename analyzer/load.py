@@ -855,19 +855,30 @@ def _materialize_tenancy(
     bucket: int,
     scoped: _Scope | None = None,
 ) -> None:
-    """Which tenant held memory on which GPU in each bucket (processes summed per tenant)."""
+    """Which tenant held memory on which GPU in each bucket (processes summed per tenant).
+
+    Each process's tenant and identity are worked out once, on the processes (the temp table
+    ``procs``: a few hundred rows), and the samples are grouped by integer ids: building the
+    tenant's text for every sample row and grouping on it with five identity strings took
+    0.9-1.3 CPU-s per 16 nodes (a million process samples), now 0.6-0.7. A group's identity is
+    still one of its processes' (``any_value``), as it was column by column."""
     con.execute(
-        f"CREATE TABLE tenancy AS SELECT s.uuid, {TENANT_SQL} AS tenant, "
-        "floor(s.ts / $b) * $b AS start, any_value(p.user) AS usr, any_value(p.cgroup) AS cg, "
-        "any_value(coalesce(p.comm, '') || ' ' || coalesce(p.cmdline, '')) AS cmd, "
-        "any_value(k.namespace) AS ns, any_value(p.slurm_job_id) AS job, "
-        "sum(s.used_memory_bytes) / count(DISTINCT s.ts) AS mem, "
+        "CREATE TEMP TABLE procs AS SELECT *, dense_rank() OVER (ORDER BY tenant) AS tid, "
+        "row_number() OVER () AS pk FROM ("
+        f"SELECT p.node, p.pid, p.start_ticks, {TENANT_SQL} AS tenant, p.user AS usr, "
+        "p.cgroup AS cg, coalesce(p.comm, '') || ' ' || coalesce(p.cmdline, '') AS cmd, "
+        "k.namespace AS ns, p.slurm_job_id AS job "
+        f"FROM ({_union(aliases, sf.PROCESSES, scoped)}) p "
+        f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid)"
+    )
+    con.execute(
+        "CREATE TABLE tenancy AS SELECT t.uuid, q.tenant, t.start, q.usr, q.cg, q.cmd, q.ns, "
+        "q.job, t.mem, t.sm FROM (SELECT s.uuid, p.tid, floor(s.ts / $b) * $b AS start, "
+        "any_value(p.pk) AS pk, sum(s.used_memory_bytes) / count(DISTINCT s.ts) AS mem, "
         "sum(s.sm_utilization_ratio) / count(DISTINCT s.ts) AS sm "
-        f"FROM ({_union(aliases, sf.PROCESS_SAMPLES, scoped)}) s "
-        f"JOIN ({_union(aliases, sf.PROCESSES, scoped)}) p "
+        f"FROM ({_union(aliases, sf.PROCESS_SAMPLES, scoped)}) s JOIN procs p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
-        f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid "
-        "WHERE s.ts >= $s AND s.ts < $e GROUP BY s.uuid, tenant, 3",
+        "WHERE s.ts >= $s AND s.ts < $e GROUP BY ALL) t JOIN procs q ON q.pk = t.pk",
         {"b": bucket, "s": start, "e": end},
     )
 
@@ -1090,13 +1101,16 @@ def _fetch_tenancy(
     con: duckdb.DuckDBPyConnection,
 ) -> tuple[dict[str, Tenant], dict[str, tuple[TenantBucket, ...]]]:
     # Each tenant's identity as its first bucket (by GPU, then time) gives it, once; the
-    # buckets then carry only the tenant's name, one string shared by all of them.
+    # buckets then carry only the tenant's name, one string shared by all of them. One pass
+    # (``arg_min`` over (uuid, start), unique per tenant): a window partitioned by tenant
+    # sorted every bucket, 0.17 CPU-s per 16 nodes against 0.04.
     tenants = {
         name: Tenant(name, user, cgroup, cmd.strip(), ns, job)
         for name, user, cgroup, cmd, ns, job in con.execute(
-            "SELECT tenant, usr, cg, cmd, ns, job FROM (SELECT *, row_number() OVER "
-            "(PARTITION BY tenant ORDER BY uuid, start) AS nth FROM tenancy) WHERE nth = 1 "
-            "ORDER BY uuid, start, tenant"
+            "SELECT tenant, f.usr, f.cg, f.cmd, f.ns, f.job FROM (SELECT tenant, "
+            "arg_min({'usr': usr, 'cg': cg, 'cmd': cmd, 'ns': ns, 'job': job}, "
+            "{'u': uuid, 's': start}) AS f, min({'u': uuid, 's': start}) AS k "
+            "FROM tenancy GROUP BY tenant) ORDER BY k, tenant"
         ).fetchall()
     }
     names = {name: name for name in tenants}
