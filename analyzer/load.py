@@ -596,8 +596,10 @@ class _PlanPart:
     spans: dict[str, tuple[float, float]]
 
 
+@sf.reads_stores
 def _plan_part(group: tuple[Path, ...], ask: _PlanAsk) -> _PlanPart:
-    """A plan task: its node stores attached (samples only), read once for the plan."""
+    """A plan task: its node stores attached (samples only), read once for the plan (a
+    DuckDB error names the damaged store, in the worker, as :func:`plan_window`'s would)."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         aliases = sf.attach_inputs(con, list(group), ask.timeout_seconds, ask.days_seconds, False)
