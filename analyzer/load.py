@@ -15,7 +15,8 @@ import gc
 import glob
 import itertools
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+import operator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -403,9 +404,36 @@ def plan_window(
     bucket_seconds: int | None = None,
     until: float | None = None,
     start_at: float | None = None,
+    mapper: Mapper | None = None,
+    stores_per_task: int = 0,
 ) -> WindowPlan:
     """The window :func:`load` would read (same arguments), and its nodes: the driver's cheap
-    queries, before tasks read the nodes in batches (:func:`load_nodes`)."""
+    queries, before tasks read the nodes in batches (:func:`load_nodes`).
+
+    ``mapper`` (an engine's ``map``, :func:`engine_mapper`): node stores are read in groups by
+    tasks (:func:`_plan_part`) and the driver combines what they found (:func:`_mapped_plan`),
+    giving the same plan; inputs it cannot split that way are planned here, at once.
+    ``stores_per_task``: a task's stores (0: :data:`PLAN_STORES_PER_TASK`)."""
+    stores = [p for p in paths if isinstance(p, Path)]
+    if mapper is not None and len(stores) == len(paths):
+        size = stores_per_task or PLAN_STORES_PER_TASK
+        mapped = _mapped_plan(
+            mapper, stores, since_seconds, timeout, bucket_seconds, until, start_at, size
+        )
+        if mapped is not None:
+            return mapped
+    return _one_plan(paths, since_seconds, timeout, bucket_seconds, until, start_at)
+
+
+def _one_plan(
+    paths: Sequence[sf.Input],
+    since_seconds: float,
+    timeout: float,
+    bucket_seconds: int | None,
+    until: float | None,
+    start_at: float | None,
+) -> WindowPlan:
+    """The plan over one connection, every input attached at once."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         days = since_seconds if until is None and start_at is None else None
@@ -439,6 +467,25 @@ def _plan_on(
     con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
     limit = believable_limit(con, "SELECT ts FROM g")
     _gpu_extents(con, limit)
+    newest_by_input = _input_reach(con, paths, aliases, limit)
+    return _decide(
+        con, paths, since_seconds, timeout, days, bucket_seconds, until, start_at, newest_by_input
+    )
+
+
+def _decide(
+    con: duckdb.DuckDBPyConnection,
+    paths: Sequence[sf.Input],
+    since_seconds: float,
+    timeout: float,
+    days: float | None,
+    bucket_seconds: int | None,
+    until: float | None,
+    start_at: float | None,
+    newest_by_input: list[tuple[str, float | None]],
+) -> WindowPlan:
+    """The window from the table ``extents`` (:func:`_gpu_extents`) and the view ``g`` (the
+    first GPU's samples, at least: :func:`_interval`)."""
     first, newest, ignored = _window_end(con, paths)
     newest = newest if until is None else min(newest, until)
     if start_at is not None:
@@ -451,7 +498,7 @@ def _plan_on(
     interval = _interval(con, max(newest - since_seconds, first), newest)
     bucket = bucket_seconds or bucket_for(min(since_seconds, newest - first + 1.0), interval)
     start, end = whole_buckets(first, newest, since_seconds, bucket, until, start_at)
-    reach = _reach(con, paths, aliases, first, limit)
+    reach = Reach(tuple(newest_by_input), _node_reach(con), first)
     return WindowPlan(tuple(paths), timeout, days, start, end, bucket, interval, ignored, reach)
 
 
@@ -504,6 +551,159 @@ def _nodes(
     )
     rows = con.execute(f"SELECT node FROM ({parts}) WHERE node IS NOT NULL", {"s": start, "e": end})
     return tuple(sorted(str(n) for (n,) in rows.fetchall()))
+
+
+#: What runs tasks for :func:`plan_window`: ``mapper(fn, items, shared)`` is
+#: ``[fn(item, shared) for item in items]``, anywhere (an engine's ``map`` of a broadcast).
+Mapper = Callable[[Callable[[Any, Any], Any], Sequence[Any], Any], list[Any]]
+
+#: Node stores a plan task attaches (a batch's worth: :data:`analyzer.stages.SERIAL_BATCH_NODES`).
+PLAN_STORES_PER_TASK = 16
+
+
+def engine_mapper(engine: Any, inputs: int) -> Mapper | None:
+    """An engine's ``map`` as :func:`plan_window` takes it, for a plan of ``inputs``; ``None``
+    (plan here, at once) without an engine, on one worker, and below two tasks' stores or the
+    engine's own threshold (``min_nodes``): split in groups, the stores cost more CPU in all
+    (each group attaches and views its own: 4.1 CPU-s against 3.0 for 32 stores), which only
+    running the groups side by side repays."""
+    least = max(getattr(engine, "min_nodes", 0), 2 * PLAN_STORES_PER_TASK)
+    if engine is None or engine.workers <= 1 or inputs < least:
+        return None
+    return lambda fn, items, shared: list(engine.map(fn, items, engine.broadcast(shared)))
+
+
+@dataclass(frozen=True, slots=True)
+class _PlanAsk:
+    """What every plan task reads: the attach timeout and days, and the clock's limit
+    (:func:`store.storefile.latest_plausible_ts`, read once by the driver)."""
+
+    timeout_seconds: float
+    days_seconds: float | None
+    clock_limit: float
+
+
+@dataclass(frozen=True, slots=True)
+class _PlanPart:
+    """What one group of node stores holds: GPU samples dated past the clock's limit (any
+    makes the limit a question of every store's samples), the ``extents`` rows, each store's
+    newest GPU sample and nodes, and each node's oldest and newest row of :data:`_WINDOWED`."""
+
+    ahead_of_clock: int
+    extents: tuple[tuple[Any, ...], ...]
+    newest: tuple[tuple[str, float | None], ...]
+    holders: tuple[frozenset[str] | None, ...]
+    spans: dict[str, tuple[float, float]]
+
+
+@sf.reads_stores
+def _plan_part(group: tuple[Path, ...], ask: _PlanAsk) -> _PlanPart:
+    """A plan task: its node stores attached (samples only), read once for the plan (a
+    DuckDB error names the damaged store, in the worker, as :func:`plan_window`'s would)."""
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    try:
+        aliases = sf.attach_inputs(con, list(group), ask.timeout_seconds, ask.days_seconds, False)
+        con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
+        ahead = con.execute(
+            "SELECT count(*) FROM g WHERE ts > $l AND ts <= $h",
+            {"l": ask.clock_limit, "h": sf.LATEST_TS},
+        ).fetchone()
+        _gpu_extents(con, float(sf.LATEST_TS))  # the limit when no sample is past the clock
+        every = " UNION ALL ".join(
+            f"SELECT node, ts FROM ({_union(aliases, t)})" for t in _WINDOWED
+        )
+        spans = con.execute(
+            f"SELECT node, min(ts), max(ts) FROM ({every}) "
+            "WHERE node IS NOT NULL AND ts IS NOT NULL GROUP BY node"
+        ).fetchall()
+        part = _PlanPart(
+            int(ahead[0]) if ahead else 0,
+            tuple(map(tuple, con.execute(f"SELECT {_EXTENTS} FROM extents").fetchall())),
+            tuple(_input_reach(con, group, aliases, float(sf.LATEST_TS))),
+            _holders(con, group, aliases),
+            {str(n): (float(a), float(b)) for n, a, b in spans},
+        )
+        sf.detach_inputs(con, aliases)
+        return part
+    finally:
+        con.close()
+
+
+#: The columns of :func:`_gpu_extents`' table, in order, with their types.
+_EXTENTS = "node, uuid, gpu_index, n, first, newest, believable, ahead, absurd"
+_EXTENTS_DDL = (
+    "node VARCHAR, uuid VARCHAR, gpu_index BIGINT, n BIGINT, first DOUBLE, newest DOUBLE, "
+    "believable DOUBLE, ahead BIGINT, absurd BIGINT"
+)
+
+
+def _mapped_plan(
+    mapper: Mapper,
+    paths: list[Path],
+    since_seconds: float,
+    timeout: float,
+    bucket_seconds: int | None,
+    until: float | None,
+    start_at: float | None,
+    size: int = PLAN_STORES_PER_TASK,
+) -> WindowPlan | None:
+    """The plan from groups of node stores read by tasks; ``None`` where the groups cannot
+    decide it alone (then it is planned at once): a sample past the clock's limit, a node in
+    two groups, or a node whose rows straddle the window, which its oldest and newest row
+    cannot place in it or out of it."""
+    days = since_seconds if until is None and start_at is None else None
+    groups = [tuple(paths[i : i + size]) for i in range(0, len(paths), max(size, 1))]
+    ask = _PlanAsk(timeout, days, sf.latest_plausible_ts())
+    parts: list[_PlanPart] = mapper(_plan_part, groups, ask)
+    held = [set(p.spans).union(*(h for h in p.holders if h is not None)) for p in parts]
+    if any(p.ahead_of_clock for p in parts) or sum(map(len, held)) != len(set().union(*held)):
+        return None  # the clock's limit, or a node's rollups standing in, needs every store
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    try:
+        plan = _combined(
+            con, paths, parts, since_seconds, timeout, days, bucket_seconds, until, start_at
+        )
+    finally:
+        con.close()
+    spans = {n: s for p in parts for n, s in p.spans.items()}
+    start, end = plan.window_start, plan.window_end
+    if any(a < start and b >= end for a, b in spans.values()):
+        return None  # rows before and after the window: whether any is in it is unknown here
+    nodes = tuple(sorted(n for n, (a, b) in spans.items() if b >= start and a < end))
+    holders = tuple(h for p in parts for h in p.holders)
+    return dataclasses.replace(plan, nodes=nodes, holders=holders)
+
+
+def _combined(
+    con: duckdb.DuckDBPyConnection,
+    paths: list[Path],
+    parts: list[_PlanPart],
+    since_seconds: float,
+    timeout: float,
+    days: float | None,
+    bucket_seconds: int | None,
+    until: float | None,
+    start_at: float | None,
+) -> WindowPlan:
+    """The groups' extents as one table, and the first GPU's stores attached for its
+    interval (:func:`_interval`), on the driver's connection: then :func:`_decide`."""
+    con.execute(f"CREATE TEMP TABLE extents ({_EXTENTS_DDL})")
+    rows = [r for p in parts for r in p.extents]
+    if rows:
+        con.executemany(f"INSERT INTO extents VALUES ({', '.join('?' * 9)})", rows)
+    first_gpu = min((r[1] for r in rows if r[1] is not None), default=None)
+    nodes = {r[0] for r in rows if r[1] == first_gpu}
+    holders = [h for p in parts for h in p.holders]
+    mine = [p for p, h in zip(paths, holders, strict=True) if h and not h.isdisjoint(nodes)]
+    aliases = sf.attach_inputs(con, [*(mine or paths[:1])], timeout, days, keyed=False)
+    try:
+        con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
+        newest = [n for p in parts for n in p.newest]
+        return _decide(
+            con, paths, since_seconds, timeout, days, bucket_seconds, until, start_at, newest
+        )
+    finally:
+        sf.detach_inputs(con, aliases)
 
 
 def load_nodes(batch: Sequence[str], plan: WindowPlan) -> FleetData:
@@ -573,15 +773,27 @@ def merge(plan: WindowPlan, parts: Sequence[FleetData]) -> FleetData:
     )
 
 
+#: A :class:`TenantBucket`'s tenant and start, read in C.
+_TENANT = operator.itemgetter(1)
+_START = operator.itemgetter(0)
+
+
 def _first_tenants(
     parts: Sequence[FleetData], tenancy: dict[str, tuple[TenantBucket, ...]]
 ) -> dict[str, Tenant]:
-    """Each tenant as its first bucket (by GPU uuid, then time) names it, in that order."""
+    """Each tenant as its first bucket (by GPU uuid, then time) names it, in that order.
+
+    A GPU's buckets come in time order (:func:`_fetch_tenancy`), so a tenant's first there is
+    its first occurrence, found in C (a dict built from the buckets reversed, the earliest
+    written last): a Python step per bucket took 0.1 CPU-s per 256 GPUs on the driver."""
     first: dict[str, tuple[str, float]] = {}
-    for uuid, present in tenancy.items():  # sorted by uuid; each GPU's buckets by time
-        for tb in present:
-            if tb.tenant not in first or (uuid, tb.start) < first[tb.tenant]:
-                first[tb.tenant] = (uuid, tb.start)
+    for uuid, present in tenancy.items():
+        earliest = dict(
+            zip(map(_TENANT, reversed(present)), map(_START, reversed(present)), strict=True)
+        )
+        for name, start in earliest.items():
+            if name not in first or (uuid, start) < first[name]:
+                first[name] = (uuid, start)
     owner: dict[str, Tenant] = {}
     for part in parts:
         uuids = set(part.tenancy)
@@ -596,7 +808,7 @@ def _declarations(
 ) -> dict[str, tuple[Declared, ...]]:
     """The declarations of tenants that held a GPU in the window, distinct and sorted as SQL's
     ``ORDER BY ALL`` sorts them (NULLs last)."""
-    present = {tb.tenant for buckets in tenancy.values() for tb in buckets}
+    present = set(map(_TENANT, itertools.chain.from_iterable(tenancy.values())))
     rows = {
         (tenant, d.source, d.kind, d.name, d.implies)
         for part in parts
@@ -658,14 +870,13 @@ def _gpu_extents(con: duckdb.DuckDBPyConnection, limit: float) -> None:
     )
 
 
-def _reach(
+def _input_reach(
     con: duckdb.DuckDBPyConnection,
     paths: Sequence[sf.Input],
     aliases: list[str],
-    first: float,
     believable: float,
-) -> Reach:
-    """Each input's and each node's newest believable GPU sample (and a node's GPUs)."""
+) -> list[tuple[str, float | None]]:
+    """Each input's newest believable GPU sample (``None``: it has none)."""
     limit = {"l": believable}
     newest: list[tuple[str, float | None]] = []
     for path, alias in zip(paths, aliases[: len(paths)], strict=True):  # then the fleet alias
@@ -676,13 +887,20 @@ def _reach(
             f"SELECT max(ts) FROM {source}.{sf.GPU_SAMPLES} WHERE ts <= $l", limit
         ).fetchone()
         newest.append((str(path), None if row is None or row[0] is None else float(row[0])))
+    return newest
+
+
+def _node_reach(
+    con: duckdb.DuckDBPyConnection,
+) -> dict[str, tuple[float, tuple[tuple[int, str], ...]]]:
+    """Each node's newest believable GPU sample and its GPUs, from the table ``extents``."""
     nodes: dict[str, tuple[float, tuple[tuple[int, str], ...]]] = {}
     for node, ts, gpus in con.execute(
         "SELECT node, max(believable), list(DISTINCT [coalesce(gpu_index, -1)::VARCHAR, uuid]) "
         "FROM extents WHERE believable IS NOT NULL GROUP BY node ORDER BY node"
     ).fetchall():
         nodes[str(node)] = (float(ts), tuple(sorted((int(i), str(u)) for i, u in gpus)))
-    return Reach(tuple(newest), nodes, first)
+    return nodes
 
 
 #: Samples past this machine's clock (and a day) that follow the ones before it with no gap
@@ -855,19 +1073,30 @@ def _materialize_tenancy(
     bucket: int,
     scoped: _Scope | None = None,
 ) -> None:
-    """Which tenant held memory on which GPU in each bucket (processes summed per tenant)."""
+    """Which tenant held memory on which GPU in each bucket (processes summed per tenant).
+
+    Each process's tenant and identity are worked out once, on the processes (the temp table
+    ``procs``: a few hundred rows), and the samples are grouped by integer ids: building the
+    tenant's text for every sample row and grouping on it with five identity strings took
+    0.9-1.3 CPU-s per 16 nodes (a million process samples), now 0.6-0.7. A group's identity is
+    still one of its processes' (``any_value``), as it was column by column."""
     con.execute(
-        f"CREATE TABLE tenancy AS SELECT s.uuid, {TENANT_SQL} AS tenant, "
-        "floor(s.ts / $b) * $b AS start, any_value(p.user) AS usr, any_value(p.cgroup) AS cg, "
-        "any_value(coalesce(p.comm, '') || ' ' || coalesce(p.cmdline, '')) AS cmd, "
-        "any_value(k.namespace) AS ns, any_value(p.slurm_job_id) AS job, "
-        "sum(s.used_memory_bytes) / count(DISTINCT s.ts) AS mem, "
+        "CREATE TEMP TABLE procs AS SELECT *, dense_rank() OVER (ORDER BY tenant) AS tid, "
+        "row_number() OVER () AS pk FROM ("
+        f"SELECT p.node, p.pid, p.start_ticks, {TENANT_SQL} AS tenant, p.user AS usr, "
+        "p.cgroup AS cg, coalesce(p.comm, '') || ' ' || coalesce(p.cmdline, '') AS cmd, "
+        "k.namespace AS ns, p.slurm_job_id AS job "
+        f"FROM ({_union(aliases, sf.PROCESSES, scoped)}) p "
+        f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid)"
+    )
+    con.execute(
+        "CREATE TABLE tenancy AS SELECT t.uuid, q.tenant, t.start, q.usr, q.cg, q.cmd, q.ns, "
+        "q.job, t.mem, t.sm FROM (SELECT s.uuid, p.tid, floor(s.ts / $b) * $b AS start, "
+        "any_value(p.pk) AS pk, sum(s.used_memory_bytes) / count(DISTINCT s.ts) AS mem, "
         "sum(s.sm_utilization_ratio) / count(DISTINCT s.ts) AS sm "
-        f"FROM ({_union(aliases, sf.PROCESS_SAMPLES, scoped)}) s "
-        f"JOIN ({_union(aliases, sf.PROCESSES, scoped)}) p "
+        f"FROM ({_union(aliases, sf.PROCESS_SAMPLES, scoped)}) s JOIN procs p "
         "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
-        f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid "
-        "WHERE s.ts >= $s AND s.ts < $e GROUP BY s.uuid, tenant, 3",
+        "WHERE s.ts >= $s AND s.ts < $e GROUP BY ALL) t JOIN procs q ON q.pk = t.pk",
         {"b": bucket, "s": start, "e": end},
     )
 
@@ -1090,13 +1319,16 @@ def _fetch_tenancy(
     con: duckdb.DuckDBPyConnection,
 ) -> tuple[dict[str, Tenant], dict[str, tuple[TenantBucket, ...]]]:
     # Each tenant's identity as its first bucket (by GPU, then time) gives it, once; the
-    # buckets then carry only the tenant's name, one string shared by all of them.
+    # buckets then carry only the tenant's name, one string shared by all of them. One pass
+    # (``arg_min`` over (uuid, start), unique per tenant): a window partitioned by tenant
+    # sorted every bucket, 0.17 CPU-s per 16 nodes against 0.04.
     tenants = {
         name: Tenant(name, user, cgroup, cmd.strip(), ns, job)
         for name, user, cgroup, cmd, ns, job in con.execute(
-            "SELECT tenant, usr, cg, cmd, ns, job FROM (SELECT *, row_number() OVER "
-            "(PARTITION BY tenant ORDER BY uuid, start) AS nth FROM tenancy) WHERE nth = 1 "
-            "ORDER BY uuid, start, tenant"
+            "SELECT tenant, f.usr, f.cg, f.cmd, f.ns, f.job FROM (SELECT tenant, "
+            "arg_min({'usr': usr, 'cg': cg, 'cmd': cmd, 'ns': ns, 'job': job}, "
+            "{'u': uuid, 's': start}) AS f, min({'u': uuid, 's': start}) AS k "
+            "FROM tenancy GROUP BY tenant) ORDER BY k, tenant"
         ).fetchall()
     }
     names = {name: name for name in tenants}

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from analyzer.classify import BatchSpans, GpuVerdict, classify, finish, map_spans
 from analyzer.engine import Engine, SerialEngine
-from analyzer.load import FleetData, WindowPlan, load_nodes, merge, plan_window
+from analyzer.load import FleetData, WindowPlan, engine_mapper, load_nodes, merge, plan_window
 from analyzer.lockstep import Lockstep, LockstepCandidate, window_keys, window_pairs
 from analyzer.reference import IdleHistogram, fleet_idle, idle_histogram, merge_histograms
 from analyzer.thresholds import Thresholds
@@ -181,7 +181,14 @@ def load_and_classify(
     of each stage, to 0.65 of the analysis (the detectors and recommendations take the rest)."""
     th = thresholds or Thresholds()
     progress(0.0, "planning the window")
-    plan = plan_window(paths, since_seconds, timeout, until=until, start_at=start_at)
+    plan = plan_window(
+        paths,
+        since_seconds,
+        timeout,
+        until=until,
+        start_at=start_at,
+        mapper=engine_mapper(engine, len(paths)),
+    )
     if batch_size is None and (engine is None or isinstance(engine, SerialEngine)):
         runs = batches(plan.nodes, 1, SERIAL_BATCH_NODES)
         progress(0.05, f"reading {len(plan.nodes):,} nodes here")
