@@ -121,6 +121,24 @@ def require_tool(name: str) -> str:
     pytest.skip(f"{name} not installed")
 
 
+@pytest.fixture(scope="session")
+def real_traces() -> None:
+    """Skip unless the simulator draws on the real traces in ``../shared/data`` (or
+    ``$AISCOPE_DATA``). Without them ``sim/traces.py`` runs parametric stand-ins (a user's clone,
+    an installed wheel): the simulator still works, but a test that asserts what the real shapes
+    give (the demo's findings, a classification at the edge of a threshold) would fail for the
+    missing data, not for a defect. A fixture, not a ``skipif`` at import: reading the traces
+    costs half a CPU-second, which only tests that simulate should pay."""
+    from sim import traces
+
+    stand_ins = [what for what, source in traces.used() if source.startswith("parametric")]
+    if stand_ins:
+        pytest.skip(
+            f"needs the real traces (../shared/data or $AISCOPE_DATA): stand-ins for "
+            f"{', '.join(stand_ins)}"
+        )
+
+
 # -- simulated stores shared by the whole session (simulation is deterministic for a seed, and the
 # tests only read them): each is simulated once, not once per test module.
 
@@ -171,3 +189,33 @@ def ray_cluster() -> Iterator[RayCluster]:
 
     with running(require_tool("ray")) as cluster:
         yield cluster
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """``aiscope demo --out OUT`` as a user runs it (a subprocess), and what it said."""
+
+    out: Path
+    result: subprocess.CompletedProcess[str]
+
+    @property
+    def store(self) -> Path:
+        return self.out / "demo.duckdb"
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """One run of ``aiscope demo`` for the session: its week of 36 GPUs (and the two weeks of
+    history before it) is the suite's costliest simulation, about two CPU-minutes, and
+    deterministic. tests/test_report.py checks what it writes, tests/test_one_truth.py reads its
+    store; neither writes into ``out``."""
+    out = tmp_path_factory.mktemp("demo-run") / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "aiscope", "demo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        check=False,
+    )
+    return DemoRun(out, result)

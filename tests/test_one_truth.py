@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, DemoRun
 
 DEMO_CONFIG = REPO / "aiscope" / "demo-config.toml"
 
@@ -28,14 +28,20 @@ def _scenarios() -> list[str]:
 
 
 #: Days simulated per scenario: long enough for reservations where a scenario serves (three days
-#: of a daily cycle), short elsewhere (CI time); all at the demo's 5-minute cadence.
-LONG = {"demo": 3.2, "inference-diurnal": 3.2}
+#: of a daily cycle), short elsewhere (CI time); all at the demo's 5-minute cadence. The demo is
+#: not simulated here: its views are those of ``aiscope demo``'s own week (the session's
+#: ``demo_run``, which tests/test_report.py runs anyway), the two weeks of history before it
+#: included.
+LONG = {"inference-diurnal": 3.2}
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, float | None], Path]:
+def stores(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Callable[[str, float | None], Path]:
     """Each scenario's store, simulated once for the module (at the demo's 5-minute cadence):
-    the fleet below reuses the ``mig`` one."""
+    the fleet below reuses the ``mig`` one. The demo's is ``aiscope demo``'s (asked for only
+    when the demo is)."""
     import dataclasses
 
     from sim.engine import simulate
@@ -44,6 +50,10 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, float | N
     made: dict[tuple[str, float], Path] = {}
 
     def store(name: str, days: float | None = None) -> Path:
+        if name == "demo" and days is None:
+            demo: DemoRun = request.getfixturevalue("demo_run")
+            assert demo.result.returncode == 0, demo.result.stderr
+            return demo.store
         days = days if days is not None else LONG.get(name, 0.5)
         if (name, days) not in made:
             path = tmp_path_factory.mktemp("one-truth") / f"{name}-{days:g}d.duckdb"
@@ -61,8 +71,7 @@ def views(request: pytest.FixtureRequest, stores: Callable[[str, float | None], 
 
 
 #: A 4-rank data-parallel run spread over two half-empty nodes, a straggler keeping the others
-#: waiting in collectives: a placement recommendation (the demo's comes on day 5.5, past the
-#: 3.2 days simulated here).
+#: waiting in collectives: a placement recommendation in a fleet (the demo's comes on its day 5.5).
 SPREAD = """
 name = "spread-ddp"
 description = "A 4-rank run spread over two half-empty nodes, waiting in collectives."
