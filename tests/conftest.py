@@ -166,6 +166,37 @@ def inference_day_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def owned_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/test_owners.py's ``SCENARIO`` (a workload of each owner kind), simulated once for it
+    and tests/test_export.py (a fixture imported into a second module is a second fixture, and
+    simulated the scenario again)."""
+    from sim.engine import simulate
+    from sim.scenario import load
+    from tests.test_owners import SCENARIO
+
+    folder = tmp_path_factory.mktemp("owners")
+    scenario = folder / "owners.toml"
+    scenario.write_text(SCENARIO)
+    path = folder / "owners.duckdb"
+    simulate(load(str(scenario)), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def inference_serving_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``inference-diurnal`` for 3.2 days at the demo's 5-minute cadence: three days of its
+    daily cycle, enough history for reservations, their forward replay and a split."""
+    import dataclasses
+
+    from sim.engine import simulate
+    from sim.scenario import load
+
+    path = tmp_path_factory.mktemp("shared-sim") / "inference-diurnal-3.2d.duckdb"
+    simulate(dataclasses.replace(load("inference-diurnal"), interval_seconds=300.0), path, days=3.2)
+    return path
+
+
+@pytest.fixture(scope="session")
 def demo_two_day_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ``demo`` scenario's first two days at the demo's 5-minute cadence: its Slurm jobs
     (a 16-GPU training run, a CPU-starved fine-tune, a time-sliced pair, an idle notebook job),

@@ -27,12 +27,13 @@ def _scenarios() -> list[str]:
     return builtin_names()
 
 
-#: Days simulated per scenario: long enough for reservations where a scenario serves (three days
-#: of a daily cycle), short elsewhere (CI time); all at the demo's 5-minute cadence. The demo is
-#: not simulated here: its views are those of ``aiscope demo``'s own week (the session's
-#: ``demo_run``, which tests/test_report.py runs anyway), the two weeks of history before it
-#: included.
-LONG = {"inference-diurnal": 3.2}
+#: Days simulated per scenario: half a day (CI time), all at the demo's 5-minute cadence. Where a
+#: scenario serves, the views need reservations (three days of a daily cycle): the session's
+#: stores, shared with other modules. ``inference-diurnal`` is tests/conftest.py's
+#: ``inference_serving_store`` (3.2 days, which tests/test_recommendations.py reads too); the demo
+#: is ``aiscope demo``'s own week (``demo_run``, which tests/test_report.py runs anyway), the two
+#: weeks of history before it included.
+SHARED = {"demo": "demo_run", "inference-diurnal": "inference_serving_store"}
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,8 @@ def stores(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Callable[[str, float | None], Path]:
     """Each scenario's store, simulated once for the module (at the demo's 5-minute cadence):
-    the fleet below reuses the ``mig`` one. The demo's is ``aiscope demo``'s (asked for only
-    when the demo is)."""
+    the fleet below reuses the ``mig`` one. Those in :data:`SHARED` are the session's (asked
+    for only when their scenario is)."""
     import dataclasses
 
     from sim.engine import simulate
@@ -54,7 +55,10 @@ def stores(
             demo: DemoRun = request.getfixturevalue("demo_run")
             assert demo.result.returncode == 0, demo.result.stderr
             return demo.store
-        days = days if days is not None else LONG.get(name, 0.5)
+        if name in SHARED and days is None:
+            shared: Path = request.getfixturevalue(SHARED[name])
+            return shared
+        days = days if days is not None else 0.5
         if (name, days) not in made:
             path = tmp_path_factory.mktemp("one-truth") / f"{name}-{days:g}d.duckdb"
             simulate(dataclasses.replace(load(name), interval_seconds=300.0), path, days=days)
