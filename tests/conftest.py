@@ -238,8 +238,8 @@ class DemoRun:
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     """One run of ``aiscope demo`` for the session: its week of 36 GPUs (and the two weeks of
     history before it) is the suite's costliest simulation, about two CPU-minutes, and
-    deterministic. tests/test_report.py checks what it writes, tests/test_one_truth.py reads its
-    store; neither writes into ``out``."""
+    deterministic. tests/test_report.py checks what it writes in two tests (what needs the real
+    traces apart), which read ``out`` and never write there."""
     out = tmp_path_factory.mktemp("demo-run") / "demo"
     result = subprocess.run(
         [sys.executable, "-m", "aiscope", "demo", "--out", str(out)],

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, DemoRun
+from tests.conftest import REPO
 
 DEMO_CONFIG = REPO / "aiscope" / "demo-config.toml"
 
@@ -27,13 +27,11 @@ def _scenarios() -> list[str]:
     return builtin_names()
 
 
-#: Days simulated per scenario: half a day (CI time), all at the demo's 5-minute cadence. Where a
-#: scenario serves, the views need reservations (three days of a daily cycle): the session's
-#: stores, shared with other modules. ``inference-diurnal`` is tests/conftest.py's
-#: ``inference_serving_store`` (3.2 days, which tests/test_recommendations.py reads too); the demo
-#: is ``aiscope demo``'s own week (``demo_run``, which tests/test_report.py runs anyway), the two
-#: weeks of history before it included.
-SHARED = {"demo": "demo_run", "inference-diurnal": "inference_serving_store"}
+#: Days simulated per scenario: long enough for reservations where a scenario serves (three days
+#: of a daily cycle), short elsewhere (CI time); all at the demo's 5-minute cadence.
+#: ``inference-diurnal``'s 3.2 days are the session's ``inference_serving_store``
+#: (tests/conftest.py), which tests/test_recommendations.py reads too.
+LONG = {"demo": 3.2, "inference-diurnal": 3.2}
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +39,7 @@ def stores(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Callable[[str, float | None], Path]:
     """Each scenario's store, simulated once for the module (at the demo's 5-minute cadence):
-    the fleet below reuses the ``mig`` one. Those in :data:`SHARED` are the session's (asked
-    for only when their scenario is)."""
+    the fleet below reuses the ``mig`` one, and ``inference-diurnal``'s is the session's."""
     import dataclasses
 
     from sim.engine import simulate
@@ -51,14 +48,10 @@ def stores(
     made: dict[tuple[str, float], Path] = {}
 
     def store(name: str, days: float | None = None) -> Path:
-        if name == "demo" and days is None:
-            demo: DemoRun = request.getfixturevalue("demo_run")
-            assert demo.result.returncode == 0, demo.result.stderr
-            return demo.store
-        if name in SHARED and days is None:
-            shared: Path = request.getfixturevalue(SHARED[name])
+        if name == "inference-diurnal" and days is None:
+            shared: Path = request.getfixturevalue("inference_serving_store")
             return shared
-        days = days if days is not None else 0.5
+        days = days if days is not None else LONG.get(name, 0.5)
         if (name, days) not in made:
             path = tmp_path_factory.mktemp("one-truth") / f"{name}-{days:g}d.duckdb"
             simulate(dataclasses.replace(load(name), interval_seconds=300.0), path, days=days)
@@ -75,7 +68,8 @@ def views(request: pytest.FixtureRequest, stores: Callable[[str, float | None], 
 
 
 #: A 4-rank data-parallel run spread over two half-empty nodes, a straggler keeping the others
-#: waiting in collectives: a placement recommendation in a fleet (the demo's comes on its day 5.5).
+#: waiting in collectives: a placement recommendation (the demo's comes on day 5.5, past the
+#: 3.2 days simulated here).
 SPREAD = """
 name = "spread-ddp"
 description = "A 4-rank run spread over two half-empty nodes, waiting in collectives."
