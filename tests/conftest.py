@@ -121,6 +121,24 @@ def require_tool(name: str) -> str:
     pytest.skip(f"{name} not installed")
 
 
+@pytest.fixture(scope="session")
+def real_traces() -> None:
+    """Skip unless the simulator draws on the real traces in ``../shared/data`` (or
+    ``$AISCOPE_DATA``). Without them ``sim/traces.py`` runs parametric stand-ins (a user's clone,
+    an installed wheel): the simulator still works, but a test that asserts what the real shapes
+    give (the demo's findings, a classification at the edge of a threshold) would fail for the
+    missing data, not for a defect. A fixture, not a ``skipif`` at import: reading the traces
+    costs half a CPU-second, which only tests that simulate should pay."""
+    from sim import traces
+
+    stand_ins = [what for what, source in traces.used() if source.startswith("parametric")]
+    if stand_ins:
+        pytest.skip(
+            f"needs the real traces (../shared/data or $AISCOPE_DATA): stand-ins for "
+            f"{', '.join(stand_ins)}"
+        )
+
+
 # -- simulated stores shared by the whole session (simulation is deterministic for a seed, and the
 # tests only read them): each is simulated once, not once per test module.
 
@@ -148,6 +166,37 @@ def inference_day_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def owned_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/test_owners.py's ``SCENARIO`` (a workload of each owner kind), simulated once for it
+    and tests/test_export.py (a fixture imported into a second module is a second fixture, and
+    simulated the scenario again)."""
+    from sim.engine import simulate
+    from sim.scenario import load
+    from tests.test_owners import SCENARIO
+
+    folder = tmp_path_factory.mktemp("owners")
+    scenario = folder / "owners.toml"
+    scenario.write_text(SCENARIO)
+    path = folder / "owners.duckdb"
+    simulate(load(str(scenario)), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def inference_serving_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``inference-diurnal`` for 3.2 days at the demo's 5-minute cadence: three days of its
+    daily cycle, enough history for reservations, their forward replay and a split."""
+    import dataclasses
+
+    from sim.engine import simulate
+    from sim.scenario import load
+
+    path = tmp_path_factory.mktemp("shared-sim") / "inference-diurnal-3.2d.duckdb"
+    simulate(dataclasses.replace(load("inference-diurnal"), interval_seconds=300.0), path, days=3.2)
+    return path
+
+
+@pytest.fixture(scope="session")
 def demo_two_day_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ``demo`` scenario's first two days at the demo's 5-minute cadence: its Slurm jobs
     (a 16-GPU training run, a CPU-starved fine-tune, a time-sliced pair, an idle notebook job),
@@ -171,3 +220,33 @@ def ray_cluster() -> Iterator[RayCluster]:
 
     with running(require_tool("ray")) as cluster:
         yield cluster
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """``aiscope demo --out OUT`` as a user runs it (a subprocess), and what it said."""
+
+    out: Path
+    result: subprocess.CompletedProcess[str]
+
+    @property
+    def store(self) -> Path:
+        return self.out / "demo.duckdb"
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """One run of ``aiscope demo`` for the session: its week of 36 GPUs (and the two weeks of
+    history before it) is the suite's costliest simulation, about two CPU-minutes, and
+    deterministic. tests/test_report.py checks what it writes in two tests (what needs the real
+    traces apart), which read ``out`` and never write there."""
+    out = tmp_path_factory.mktemp("demo-run") / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "aiscope", "demo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        check=False,
+    )
+    return DemoRun(out, result)

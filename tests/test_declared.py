@@ -148,6 +148,7 @@ def test_a_strong_disagreement_is_a_finding_with_gpu_hours(doc: dict) -> None:
     assert action["action"] == "Check Notebook alice/gpt: declared interactive, runs as training"
 
 
+@pytest.mark.usefixtures("real_traces")  # the stand-ins' ranks drift apart: it passes there
 @pytest.mark.xfail(
     strict=True,
     reason="known: the calibrated classifier reads a tensor-parallel server's ranks, which move "

@@ -8,6 +8,8 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from analyzer.load import Bucket, GpuInfo
 from analyzer.recommendations.demand import Service, cold_start_seconds
 from analyzer.recommendations.forward import covered_seconds
@@ -134,6 +136,7 @@ capacity_rps = 16.0
 """
 
 
+@pytest.mark.usefixtures("real_traces")  # with the stand-ins its GPUs read as inference
 def test_the_demos_input_starved_finetune_is_training_starved_by_input(tmp_path: Any) -> None:
     """Slurm job 41006 of the demo, sampled every 5 minutes: utilization snapshots land in its
     input waits (3%) or its steps (98%) by chance, so its hourly means differ by sampling noise

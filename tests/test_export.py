@@ -14,13 +14,13 @@ from analyzer.prices import from_mapping
 from report import ReportError, check_out, write
 from report.export import FINDING_COLUMNS, GPU_COLUMNS
 from tests.conftest import run_aiscope
-from tests.test_owners import PRICES, owned_store  # noqa: F401  (the fixture)
+from tests.test_owners import PRICES
 
 CLASSES = ("training", "inference", "batch", "interactive", "idle")
 
 
 @pytest.fixture(scope="module")
-def priced_doc(owned_store: Path) -> dict[str, Any]:  # noqa: F811
+def priced_doc(owned_store: Path) -> dict[str, Any]:
     return analyze([str(owned_store)], "7d", accounting=from_mapping({"prices": PRICES}))
 
 
@@ -56,7 +56,7 @@ def test_csv_adds_up_to_the_summary_and_the_bill(priced_doc: dict[str, Any], tmp
     assert owners[("n1", "7")] == "(unowned)"  # nobody held it
 
 
-def test_csv_without_prices_leaves_cost_empty(owned_store: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_csv_without_prices_leaves_cost_empty(owned_store: Path, tmp_path: Path) -> None:
     doc = analyze([str(owned_store)], "7d")
     gpus = _read(write(doc, tmp_path / "gpus.csv"))
     assert {r["cost"] for r in gpus} == {""}
@@ -69,7 +69,7 @@ def test_findings_csv_is_not_a_name_for_the_gpu_table() -> None:
     assert check_out(Path("out/WEEK.CSV")) == ".csv"
 
 
-def test_cli_writes_both_tables(owned_store: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_cli_writes_both_tables(owned_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "reports" / "week.csv"
     done = run_aiscope("report", "--store", str(owned_store), "--out", str(out))
     assert done.returncode == 0, done.stderr

@@ -303,10 +303,10 @@ def test_starved_hours_fall_as_checkpoints_get_rarer(tmp_path) -> None:
     assert measured[0] > measured[1] > measured[2] > measured[3] > 0
 
 
-def test_training_multinode_straggler_and_throttling(tmp_path) -> None:
-    path = tmp_path / "s.duckdb"
-    simulate(load_scenario("training-multinode"), path, days=0.4)
-    found = findings(path, "starved")
+def test_training_multinode_straggler_and_throttling(training_multinode_store: Path) -> None:
+    """The session's ``training-multinode`` (0.3 days, tests/conftest.py): one simulation for
+    this module and five others."""
+    found = findings(training_multinode_store, "starved")
     causes = collections.Counter(f["cause"] for f in found)
     assert causes["throttled"] == 2  # ft-hot's two GPUs
     assert causes["communication"] >= 15

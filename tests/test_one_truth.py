@@ -29,13 +29,17 @@ def _scenarios() -> list[str]:
 
 #: Days simulated per scenario: long enough for reservations where a scenario serves (three days
 #: of a daily cycle), short elsewhere (CI time); all at the demo's 5-minute cadence.
+#: ``inference-diurnal``'s 3.2 days are the session's ``inference_serving_store``
+#: (tests/conftest.py), which tests/test_recommendations.py reads too.
 LONG = {"demo": 3.2, "inference-diurnal": 3.2}
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, float | None], Path]:
+def stores(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Callable[[str, float | None], Path]:
     """Each scenario's store, simulated once for the module (at the demo's 5-minute cadence):
-    the fleet below reuses the ``mig`` one."""
+    the fleet below reuses the ``mig`` one, and ``inference-diurnal``'s is the session's."""
     import dataclasses
 
     from sim.engine import simulate
@@ -44,6 +48,9 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, float | N
     made: dict[tuple[str, float], Path] = {}
 
     def store(name: str, days: float | None = None) -> Path:
+        if name == "inference-diurnal" and days is None:
+            shared: Path = request.getfixturevalue("inference_serving_store")
+            return shared
         days = days if days is not None else LONG.get(name, 0.5)
         if (name, days) not in made:
             path = tmp_path_factory.mktemp("one-truth") / f"{name}-{days:g}d.duckdb"

@@ -196,16 +196,6 @@ TRUTH_GPU_HOURS = {
 PRICES = {"currency": "EUR", "gpu_hour": 2.0, "kwh": 0.25, "models": {"H100": 4.0}}
 
 
-@pytest.fixture(scope="module")
-def owned_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("owners")
-    scenario = folder / "owners.toml"
-    scenario.write_text(SCENARIO)
-    path = folder / "owners.duckdb"
-    simulate(load_scenario(str(scenario)), path)
-    return path
-
-
 def _analyze(store: Path, config: dict[str, Any]) -> dict[str, Any]:
     return analyze([str(store)], "7d", accounting=from_mapping(config))
 

@@ -22,8 +22,6 @@ from analyzer.recommendations.reservation import (
 )
 from analyzer.recommendations.split import shared_pool_replay
 from bench.recommendations import minute_demand, score
-from sim.engine import simulate
-from sim.scenario import load as load_scenario
 from tests.conftest import SHARED_DATA
 
 MONDAY = 1_763_337_600.0
@@ -123,10 +121,10 @@ def test_mig_tables_and_model_sizes() -> None:
 
 
 @pytest.fixture(scope="module")
-def serving(tmp_path_factory) -> dict:
-    path = tmp_path_factory.mktemp("serving") / "s.duckdb"
-    simulate(load_scenario("inference-diurnal"), path, days=3.5)
-    return analyze([str(path)], since="7d")
+def serving(inference_serving_store: Path) -> dict:
+    """``inference-diurnal``'s 3.2 days at 5-minute samples (tests/conftest.py, shared with
+    tests/test_one_truth.py): three daily cycles, enough for reservations and their replay."""
+    return analyze([str(inference_serving_store)], since="7d")
 
 
 def test_reservations_from_a_simulated_week(serving: dict) -> None:
