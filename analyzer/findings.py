@@ -15,6 +15,11 @@ Each returns its findings and the GPU-intervals (uuid, bucket start) they explai
 detector does not count an interval an earlier one explained, so each lost GPU-hour is reported
 once, under its root cause. The same store and thresholds always give the same findings (no
 randomness; ties broken by name).
+
+On an engine the registry runs per batch of nodes (:mod:`analyzer.stages`, Map E): explanations
+are per (GPU, bucket start), so they compose batch by batch, and the driver decides what crosses
+batches (a job on several, the fleet's references) and assembles the same :class:`Results`
+(:func:`results`).
 """
 
 from __future__ import annotations

@@ -207,10 +207,14 @@ def load_and_classify(
     batch_size: int | None = None,
     progress: Progress = no_progress,
 ) -> tuple[FleetData, list[GpuVerdict]]:
-    """:func:`load_and_classify_staged`'s data and verdicts."""
-    data, verdicts, _ = load_and_classify_staged(
+    """:func:`load_and_classify_staged`'s data and verdicts (the batches Map B kept here for a
+    Map E that will not come are let go)."""
+    data, verdicts, staged = load_and_classify_staged(
         engine, paths, since_seconds, timeout, until, start_at, thresholds, batch_size, progress
     )
+    if staged is not None:
+        for batch in staged.batches:
+            _KEPT.pop((_detecting(staged.run), batch), None)
     return data, verdicts
 
 
@@ -356,13 +360,15 @@ class _Seen:
 #: fleet's levels, kept where its first round ran (at most :data:`KEPT_BATCHES`).
 _SEEN: dict[tuple[str, tuple[str, ...]], _Seen] = {}
 
-_NONE = starved.Part({}, {}, (), {})
+_NOTHING = Spotted(Detected(()), (), (), Detected(()), starved.Part({}, {}, (), {}), Detected(()))
 
 
 def detect_batch(item: DetectItem, shared: DetectShared) -> Spotted:
     """Map E over one batch: the detectors before ``starved`` in full, ``starved``'s part,
     ``declared_mismatch``; in the second round, only the jobs held back."""
     key = (shared.run, item.batch)
+    if item.waiting is not None and not item.waiting:
+        return _NOTHING  # a later round that has nothing for this batch
     if item.waiting is not None:
         seen = _SEEN.pop(key, None) or _see(item, shared)
         part = starved.local(
@@ -370,8 +376,9 @@ def detect_batch(item: DetectItem, shared: DetectShared) -> Spotted:
         )
         return Spotted(Detected(()), (), (), Detected(()), part, Detected(()))
     seen = _see(item, shared)
-    if seen.missing:
-        return Spotted(Detected(()), (), (), Detected(()), _NONE, Detected(()), seen.missing)
+    if seen.missing:  # run again with the fleet's rows: keep the batch for it
+        _keep((_detecting(shared.run), item.batch), seen.ctx.data)
+        return dataclasses.replace(_NOTHING, missing=seen.missing)
     part = starved.local(seen.ctx, seen.explained, shared.crossing)
     if part.waiting:
         _SEEN[key] = seen
@@ -408,8 +415,8 @@ def detect(staged: Staged, ctx: Context) -> Results:
     """Map E: the detectors' :class:`analyzer.findings.Results` over the fleet (``ctx``, the
     fleet's context: the driver decides there what crosses batches), the same as
     :func:`analyzer.findings.run` over it."""
-    if any(v.ref is None for v in (view.verdict for view in ctx.views.values()) if v):
-        return findings_run(ctx)  # references from the fleet's data: not the batch's to give
+    if not all(v.verdict is not None and v.verdict.ref is not None for v in ctx.views.values()):
+        return findings_run(ctx)  # references from the fleet's data: not a batch's to give
     engine = staged.engine
     items = [
         DetectItem(nodes, tuple(v for u in uuids if (v := ctx.views[u].verdict) is not None))
@@ -429,10 +436,9 @@ def detect(staged: Staged, ctx: Context) -> Results:
     missing = {key for s in spotted for key in s.missing}
     if missing:  # a victim measured against its workload's solo runs over the fleet
         shared = dataclasses.replace(shared, solo=neighbors.solo_rows(ctx, missing))
-        again = [i for i, s in enumerate(spotted) if s.missing]
-        redone = engine.map(detect_batch, [items[i] for i in again], engine.broadcast(shared))
-        for i, s in zip(again, redone, strict=True):
-            spotted[i] = s
+        again = [item if s.missing else _idle(item) for item, s in zip(items, spotted, strict=True)]
+        redone = engine.map(detect_batch, again, engine.broadcast(shared))
+        spotted = [r if s.missing else s for s, r in zip(spotted, redone, strict=True)]
     idle = _union(s.idle_held for s in spotted)
     noisy = Detected(
         tuple(f for s in spotted for f in s.cotenants)
@@ -451,6 +457,13 @@ def detect(staged: Staged, ctx: Context) -> Results:
             declared.KIND: Detected(tuple(mismatched)),
         }
     )
+
+
+def _idle(item: DetectItem) -> DetectItem:
+    """A later round's item for a batch with nothing to do in it. Every round sends an item
+    for every batch, in the first round's order, so that an engine that sends item i of each
+    map to the same worker sends each batch where its first round kept it."""
+    return DetectItem(item.batch, (), frozenset())
 
 
 def _crossing(tenants: Sequence[frozenset[str]]) -> frozenset[str]:
@@ -489,12 +502,13 @@ def _starved(
     owns = starved.own_levels(ctx, spread)
     levels = starved.levels_of([s.starved.levels for s in spotted] + [starved.levels(spread, owns)])
     decided = {name: x for s in spotted for name, x in s.starved.decided.items()}
-    waiting = [i for i, s in enumerate(spotted) if s.starved.waiting]
-    if waiting:
+    if any(s.starved.waiting for s in spotted):
         shared = dataclasses.replace(shared, levels=levels)
         again = [
-            dataclasses.replace(items[i], waiting=frozenset(spotted[i].starved.waiting))
-            for i in waiting
+            dataclasses.replace(item, waiting=frozenset(s.starved.waiting))
+            if s.starved.waiting
+            else _idle(item)
+            for item, s in zip(items, spotted, strict=True)
         ]
         for s in engine.map(detect_batch, again, engine.broadcast(shared)):
             decided.update(s.starved.decided)
