@@ -47,8 +47,9 @@ def analyze(
     """Run every analysis over the window and return the contract's JSON document
     (``accounting``: teams, accounts and prices for ``owners[]`` and ``bill``; ``since`` a
     DURATION or a TIME, ``until`` a TIME: :mod:`analyzer.window`). With an ``engine``, loading,
-    classifying and the detectors run as stages over batches of nodes (:mod:`analyzer.stages`; ``batch_size``
-    nodes a batch, else the engine's plan); without, in this process as one batch.
+    classifying and the detectors run as stages over batches of nodes (:mod:`analyzer.stages`;
+    ``batch_size`` nodes a batch, else the engine's plan); without, in this process as one
+    batch.
     ``progress`` hears of each stage (:data:`analyzer.stages.Progress`)."""
     progress = progress or no_progress
     asked = parse_window(since, until)

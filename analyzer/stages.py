@@ -213,9 +213,14 @@ def load_and_classify(
         engine, paths, since_seconds, timeout, until, start_at, thresholds, batch_size, progress
     )
     if staged is not None:
-        for batch in staged.batches:
-            _KEPT.pop((_detecting(staged.run), batch), None)
+        _forget(staged)
     return data, verdicts
+
+
+def _forget(staged: Staged) -> None:
+    """Let go of the batches Map B kept in this process for a Map E that will not come."""
+    for batch in staged.batches:
+        _KEPT.pop((_detecting(staged.run), batch), None)
 
 
 @dataclass(frozen=True)
@@ -245,7 +250,8 @@ def load_and_classify_staged(
 ) -> tuple[FleetData, list[GpuVerdict], Staged | None]:
     """The fleet's data (as :func:`analyzer.load.load` gives it) and its verdicts (as
     :func:`analyzer.classify.classify` gives them), computed in stages on ``engine``; and,
-    when they ran in batches, where (:class:`Staged`), for the detectors' Map E.
+    when they ran in batches on an engine (or on the serial one in batches of ``batch_size``),
+    where (:class:`Staged`), for the detectors' Map E.
 
     Without an engine, or on the serial one without ``batch_size``, the fleet is one batch in
     this process: the plan, then :func:`analyzer.load.load_nodes` over runs of
@@ -291,7 +297,11 @@ def load_and_classify_staged(
         tuple(tuple(g.uuid for g in x.data.gpus) for x in classified),
         tuple(frozenset(x.data.tenants) for x in classified),
     )
-    return data, finish(data, spans, found, th), staged
+    verdicts = finish(data, spans, found, th)
+    if isinstance(engine, SerialEngine) and batch_size is None:  # a small fleet, here
+        _forget(staged)  # one process: the fleet's context serves the detectors as well
+        return data, verdicts, None
+    return data, verdicts, staged
 
 
 # -- Map E: the detectors -------------------------------------------------------------------------
