@@ -17,7 +17,7 @@ from analyzer.owners import account
 from analyzer.prices import Accounting
 from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
-from analyzer.stages import Progress, load_and_classify, no_progress
+from analyzer.stages import Progress, detect, load_and_classify_staged, no_progress
 from analyzer.summary import sparkline, summarize, top_actions
 from analyzer.thresholds import Thresholds
 from analyzer.window import parse_duration, parse_window
@@ -46,15 +46,16 @@ def analyze(
 ) -> dict[str, Any]:
     """Run every analysis over the window and return the contract's JSON document
     (``accounting``: teams, accounts and prices for ``owners[]`` and ``bill``; ``since`` a
-    DURATION or a TIME, ``until`` a TIME: :mod:`analyzer.window`). With an ``engine``, loading
-    and classifying run as stages over batches of nodes (:mod:`analyzer.stages`; ``batch_size``
-    nodes a batch, else the engine's plan); without, in this process as one batch.
+    DURATION or a TIME, ``until`` a TIME: :mod:`analyzer.window`). With an ``engine``, loading,
+    classifying and the detectors run as stages over batches of nodes (:mod:`analyzer.stages`;
+    ``batch_size`` nodes a batch, else the engine's plan); without, in this process as one
+    batch.
     ``progress`` hears of each stage (:data:`analyzer.stages.Progress`)."""
     progress = progress or no_progress
     asked = parse_window(since, until)
     paths: list[Input] = inputs(stores)
     since_seconds = asked.since_seconds or 0.0
-    data, observed = load_and_classify(
+    data, observed, staged = load_and_classify_staged(
         engine,
         paths,
         since_seconds,
@@ -68,7 +69,8 @@ def analyze(
     verdicts = declared.combine(data, observed)  # declared beside observed
     ctx = context(data, verdicts, thresholds or Thresholds())  # one for detectors and owners
     progress(0.65, "looking for starved GPUs, noisy neighbours and idle holds")
-    results = run_detectors(ctx)
+    # On an engine, the detectors run per batch of nodes where Map B left them (Map E).
+    results = run_detectors(ctx) if staged is None else detect(staged, ctx)
     progress(0.8, "sizing reservations and splits")
     recommendations, skipped = run_all(data, verdicts, results.findings)
     progress(0.9, "charging owners and summing up")

@@ -215,7 +215,21 @@ def detect(ctx: Context, explained: frozenset[tuple[str, float]]) -> Detected:
     declaration on strong evidence (:func:`stands_at`), for at least
     :data:`MIN_MISMATCH_HOURS`."""
     declared = by_gpu(ctx.data)
-    spans: dict[str, int] = Counter(tenant for tenant, _ in declared.values())
+    return counted(ctx, declared, gpus_by_tenant(declared))
+
+
+def gpus_by_tenant(declared: dict[str, tuple[str, Declared]]) -> dict[str, int]:
+    """How many GPUs each declaring tenant is the main tenant of (``declared``:
+    :func:`by_gpu`)."""
+    return Counter(tenant for tenant, _ in declared.values())
+
+
+def counted(
+    ctx: Context, declared: dict[str, tuple[str, Declared]], spans: dict[str, int]
+) -> Detected:
+    """:func:`detect` over the GPUs ``declared`` names, the tenants' GPUs counted in ``spans``.
+    A tenant's GPUs may be on several batches of nodes (analyzer.stages' Map E): a batch is
+    given the fleet's counts, which the driver takes from the whole fleet's :func:`by_gpu`."""
     found = []
     for uuid, (tenant, d) in sorted(declared.items()):
         view = ctx.views.get(uuid)

@@ -15,6 +15,11 @@ Each returns its findings and the GPU-intervals (uuid, bucket start) they explai
 detector does not count an interval an earlier one explained, so each lost GPU-hour is reported
 once, under its root cause. The same store and thresholds always give the same findings (no
 randomness; ties broken by name).
+
+On an engine the registry runs per batch of nodes (:mod:`analyzer.stages`, Map E): explanations
+are per (GPU, bucket start), so they compose batch by batch, and the driver decides what crosses
+batches (a job on several, the fleet's references) and assembles the same :class:`Results`
+(:func:`results`).
 """
 
 from __future__ import annotations
@@ -50,16 +55,24 @@ class Results:
 def run(ctx: Context) -> Results:
     """Every detector over ``ctx``, in registry order."""
     explained: frozenset[tuple[str, float]] = frozenset()
-    found: list[Finding] = []
     by_detector: dict[str, Detected] = {}
-    waiting: dict[str, Finding] = {}
     for name, detect in DETECTORS:
         out = detect(ctx, explained)
         by_detector[name] = out
+        explained |= out.explained
+    return results(by_detector)
+
+
+def results(by_detector: dict[str, Detected]) -> Results:
+    """The :class:`Results` of each detector's output (in registry order): the findings
+    costliest first, and each GPU's waiting. Map E (:mod:`analyzer.stages`) builds each
+    detector's output from batches of nodes and ends here too."""
+    found: list[Finding] = []
+    waiting: dict[str, Finding] = {}
+    for out in by_detector.values():
         found += out.findings
         for f in out.measurements:  # a GPU two jobs held in turn: the costlier one's waiting
             if f.uuid not in waiting or f.gpu_hours_lost > waiting[f.uuid].gpu_hours_lost:
                 waiting[f.uuid] = f
-        explained |= out.explained
     ordered = sorted(found, key=lambda f: (-f.gpu_hours_lost, f.kind, f.node, f.gpu, f.start))
     return Results(tuple(ordered), waiting, by_detector)

@@ -54,12 +54,25 @@ class _Overlap:
 
 def detect(ctx: Context, explained: frozenset[tuple[str, float]] = frozenset()) -> Detected:
     """Noisy neighbours; each finding explains its GPU's intervals within its window."""
-    out: list[Finding] = []
-    solo = _Solo(ctx)
+    gpu, cpu = parts(ctx, _Solo(ctx))
+    return detected(ctx, gpu + cpu)
+
+
+def parts(ctx: Context, solo: _Solo) -> tuple[list[Finding], list[Finding]]:
+    """The co-tenant findings (GPU by GPU, in the context's order) and the host CPU findings
+    (node by node, sorted): :func:`detect`'s two halves, which a batch of nodes (analyzer.stages'
+    Map E) returns apart so that the driver can put each in the fleet run's order."""
+    gpu: list[Finding] = []
     for view in ctx.views.values():
-        out += _co_tenants(ctx, view, solo)
+        gpu += _co_tenants(ctx, view, solo)
+    cpu: list[Finding] = []
     for node, host in sorted(ctx.data.hosts.items()):
-        out += _host_cpu(ctx, node, host)
+        cpu += _host_cpu(ctx, node, host)
+    return gpu, cpu
+
+
+def detected(ctx: Context, out: list[Finding]) -> Detected:
+    """The findings and the intervals they explain: their GPU's buckets within each window."""
     windows = {
         (f.uuid, b.start)
         for f in out
@@ -126,7 +139,8 @@ class _Reference:
 
 #: (workload key, GPU model) -> (GPU uuid, bucket start, tenant, SM utilization) of each bucket
 #: in which that workload was the GPU's only tenant.
-SoloIndex = dict[tuple[str, str | None], list[tuple[str, float, str, float]]]
+SoloRow = tuple[str, float, str, float]
+SoloIndex = dict[tuple[str, str | None], list[SoloRow]]
 
 
 def _workload_key(ctx: Context, tenant: str) -> str:
@@ -156,16 +170,43 @@ def _solo_index(ctx: Context) -> SoloIndex:
 
 class _Solo:
     """:func:`_solo_index`, built on first use: only a victim that never ran alone near its
-    overlap needs it, and most fleets have none (it walks every tenant bucket)."""
+    overlap needs it, and most fleets have none (it walks every tenant bucket).
 
-    def __init__(self, ctx: Context) -> None:
+    The index spans the fleet (a workload's solo runs anywhere), so a batch of nodes cannot
+    build it from its own GPUs: there ``given`` holds the fleet's rows of the keys asked for so
+    far (:func:`solo_rows`), and a key not in it is noted in :attr:`missing` (the batch's
+    findings are then not final: the driver fetches those rows and runs it again)."""
+
+    def __init__(
+        self, ctx: Context, given: dict[tuple[str, str | None], list[SoloRow]] | None = None
+    ) -> None:
         self._ctx = ctx
         self._index: SoloIndex | None = None
+        self._given = given
+        self.missing: set[tuple[str, str | None]] = set()
 
-    def rows(self, key: str, model: str | None) -> list[tuple[str, float, str, float]]:
+    def rows(self, key: str, model: str | None) -> list[SoloRow]:
+        if self._given is not None:
+            found = self._given.get((key, model))
+            if found is None:
+                self.missing.add((key, model))
+            return found or []
         if self._index is None:
             self._index = _solo_index(self._ctx)
         return self._index.get((key, model), [])
+
+
+def batch_solo(ctx: Context, given: dict[tuple[str, str | None], list[SoloRow]]) -> _Solo:
+    """The solo index of a batch of nodes (:class:`_Solo`): the fleet's rows ``given``."""
+    return _Solo(ctx, given)
+
+
+def solo_rows(
+    ctx: Context, keys: set[tuple[str, str | None]]
+) -> dict[tuple[str, str | None], list[SoloRow]]:
+    """The fleet's solo index at ``keys`` (``ctx``: the fleet's context)."""
+    index = _solo_index(ctx)
+    return {key: index.get(key, []) for key in keys}
 
 
 def _co_tenants(ctx: Context, view: GpuView, solo: _Solo) -> list[Finding]:

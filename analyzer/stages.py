@@ -19,12 +19,34 @@ Shuffle C   lockstep as a band join: held spans keyed by their start's 20-minute
 Merge D     the driver: replicas, the decision per span, GPUs in lockstep agreeing (the
             components of the reducers' forests), each GPU's verdict
             (:func:`analyzer.classify.finish`)
+Map E       per batch: the detectors (:mod:`analyzer.findings`) over the batch's context, its
+            data as Map B kept it and its GPUs' verdicts (:func:`detect_batch`); the driver
+            puts the partial results in the fleet run's order and decides what crosses
+            batches (:func:`detect`)
 ==========  ==================================================================================
 
 Shuffle C is keyed by the start window only, not sub-keyed by memory footprint as the issue
 sketches: one job's ranks hold the same footprint, so footprint bins would not split the one
 reducer a job of 10,000 GPUs lands in; comparing its ranks as one group in blocks of rows does
 (1,024 ranks 166x faster than pair by pair; ``bench/lockstep.py``).
+
+What crosses batches in Map E, and where it is decided:
+
+* ``idle_held`` is per GPU; ``noisy_neighbor``'s co-tenants are per GPU and its host CPU
+  contention per node. A victim that never ran alone near its overlap is measured against its
+  workload's solo runs anywhere in the fleet: a batch that needs those notes the keys, and the
+  driver sends it the fleet's rows and runs it again (rare: :class:`analyzer.neighbors._Solo`).
+  The intervals they explain are per (GPU, bucket start), so they compose batch by batch.
+* ``starved`` is per job, and a job (a tenant) can hold GPUs on nodes of several batches: a
+  batch decides the jobs whose tenant is on its nodes only, and the driver those on several
+  (:mod:`analyzer.starved`, "over batches of nodes"); a job starved even at its best is
+  measured against the other jobs' levels on its GPU model, which the driver gathers and
+  sends back to the batches that hold such jobs.
+* ``node_silent`` reads the plan's reach only: the driver's.
+* ``declared_mismatch`` is per GPU, but its evidence counts the tenant's GPUs over the fleet:
+  the driver counts them (:func:`analyzer.declared.gpus_by_tenant`) and broadcasts them.
+* Tenants' identities and declarations are the fleet's (a tenant on several batches is named
+  by its first bucket over the fleet: :func:`analyzer.load.merge`), broadcast with the plan.
 
 Stage functions are module-level and their arguments frozen records, so that every engine
 (:mod:`analyzer.engine`) can send them to another process or machine. Serial, pool and Ray give
@@ -33,19 +55,33 @@ the same documents (``tests/test_stages.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from analyzer import declared, idle_held, neighbors, silent, starved
 from analyzer.classify import BatchSpans, GpuVerdict, classify, finish, map_spans
+from analyzer.context import Context, Detected, Finding, context
 from analyzer.engine import Engine, SerialEngine
-from analyzer.load import FleetData, WindowPlan, engine_mapper, load_nodes, merge, plan_window
+from analyzer.findings import Results, results
+from analyzer.findings import run as findings_run
+from analyzer.load import (
+    FleetData,
+    Tenant,
+    WindowPlan,
+    engine_mapper,
+    load_nodes,
+    merge,
+    plan_window,
+)
 from analyzer.lockstep import Lockstep, LockstepCandidate, window_keys, window_pairs
 from analyzer.reference import IdleHistogram, fleet_idle, idle_histogram, merge_histograms
 from analyzer.thresholds import Thresholds
 from store import storefile as sf
+from store.intent import Declared
 
 #: Where the analysis is: the share done (0 to 1) and what it does now ("reading 128 nodes"). The
 #: CLI draws it as a progress bar on a terminal.
@@ -117,12 +153,13 @@ class Classified:
     spans: BatchSpans
 
 
-#: Batches a process read in Map A and keeps for Map B, by (run, batch): a task given a batch
-#: this process read uses it instead of reading it again. The pool runs batch i of every stage
-#: in the same worker (:class:`analyzer.engine.PoolEngine`); Ray places tasks where it likes,
-#: so there a Map B task may land elsewhere and read its batch itself: the same rows, so the
-#: same data. At most :data:`KEPT_BATCHES` are kept (the oldest goes first), so a worker's
-#: memory stays two batches (up to 128 nodes) whatever the fleet.
+#: Batches a process read in Map A and keeps for Map B (and Map B for Map E), by (run, batch):
+#: a task given a batch this process read uses it instead of reading it again. The pool runs
+#: batch i of every stage in the same worker (:class:`analyzer.engine.PoolEngine`), and Ray on
+#: the same actor (:mod:`analyzer.rayengine`); a task whose worker lost its batch (a restarted
+#: actor, more batches than it keeps) reads it itself: the same rows, so the same data. At most
+#: :data:`KEPT_BATCHES` are kept (the oldest goes first), so a worker's memory stays two
+#: batches (up to 128 nodes) whatever the fleet.
 _KEPT: dict[tuple[str, tuple[str, ...]], FleetData] = {}
 KEPT_BATCHES = 2
 
@@ -130,9 +167,7 @@ KEPT_BATCHES = 2
 def load_batch(batch: tuple[str, ...], shared: LoadShared) -> Counted:
     """Map A: the batch read (and kept for Map B), its histogram and GPU count returned."""
     data = load_nodes(batch, shared.plan)
-    _KEPT[(shared.run, batch)] = data
-    while len(_KEPT) > KEPT_BATCHES:
-        del _KEPT[next(iter(_KEPT))]
+    _keep((shared.run, batch), data)
     return Counted(idle_histogram(data, shared.thresholds), len(data.gpus))
 
 
@@ -141,7 +176,19 @@ def spans_batch(item: tuple[tuple[str, ...], int], shared: SpansShared) -> Class
     the batch as Map A read it here, else read again."""
     batch, offset = item
     data = _KEPT.pop((shared.run, batch), None) or load_nodes(batch, shared.plan)
+    _keep((_detecting(shared.run), batch), data)  # again, for Map E
     return Classified(data, map_spans(data, shared.thresholds, shared.idle_watts, offset))
+
+
+def _keep(key: tuple[str, tuple[str, ...]], data: FleetData) -> None:
+    _KEPT[key] = data
+    while len(_KEPT) > KEPT_BATCHES:
+        del _KEPT[next(iter(_KEPT))]
+
+
+def _detecting(run: str) -> str:
+    """The name Map B keeps a batch under for Map E."""
+    return f"{run}/detect"
 
 
 def lockstep_map(
@@ -170,8 +217,51 @@ def load_and_classify(
     batch_size: int | None = None,
     progress: Progress = no_progress,
 ) -> tuple[FleetData, list[GpuVerdict]]:
+    """:func:`load_and_classify_staged`'s data and verdicts (the batches Map B kept here for a
+    Map E that will not come are let go)."""
+    data, verdicts, staged = load_and_classify_staged(
+        engine, paths, since_seconds, timeout, until, start_at, thresholds, batch_size, progress
+    )
+    if staged is not None:
+        _forget(staged)
+    return data, verdicts
+
+
+def _forget(staged: Staged) -> None:
+    """Let go of the batches Map B kept in this process for a Map E that will not come."""
+    for batch in staged.batches:
+        _KEPT.pop((_detecting(staged.run), batch), None)
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Where the staged path left its batches, for Map E (:func:`detect`): the engine, the
+    plan, the run's name (the batches Map B kept), and each batch's nodes, GPUs (uuids) and
+    tenants' names."""
+
+    engine: Engine
+    plan: WindowPlan
+    run: str
+    batches: tuple[tuple[str, ...], ...]
+    gpus: tuple[tuple[str, ...], ...]
+    tenants: tuple[frozenset[str], ...]
+
+
+def load_and_classify_staged(
+    engine: Engine | None,
+    paths: Sequence[sf.Input],
+    since_seconds: float,
+    timeout: float = 10.0,
+    until: float | None = None,
+    start_at: float | None = None,
+    thresholds: Thresholds | None = None,
+    batch_size: int | None = None,
+    progress: Progress = no_progress,
+) -> tuple[FleetData, list[GpuVerdict], Staged | None]:
     """The fleet's data (as :func:`analyzer.load.load` gives it) and its verdicts (as
-    :func:`analyzer.classify.classify` gives them), computed in stages on ``engine``.
+    :func:`analyzer.classify.classify` gives them), computed in stages on ``engine``; and,
+    when they ran in batches on an engine (or on the serial one in batches of ``batch_size``),
+    where (:class:`Staged`), for the detectors' Map E.
 
     Without an engine, or on the serial one without ``batch_size``, the fleet is one batch in
     this process: the plan, then :func:`analyzer.load.load_nodes` over runs of
@@ -194,7 +284,7 @@ def load_and_classify(
         progress(0.05, f"reading {len(plan.nodes):,} nodes here")
         data = merge(plan, [load_nodes(run, plan) for run in runs])
         progress(0.3, f"classifying {len(data.gpus):,} GPUs")
-        return data, classify(data, th)
+        return data, classify(data, th), None
     engine = engine if engine is not None else SerialEngine()  # batches of batch_size, here
     runs = batches(plan.nodes, engine.workers, batch_size)
     small = len(plan.nodes) < engine.min_nodes  # the default pool, on a small fleet
@@ -216,4 +306,238 @@ def load_and_classify(
     edges = engine.shuffle_reduce(lockstep_map, spans, lockstep_reduce, engine.broadcast(th))
     found = [edges[window] for window in sorted(edges)]
     progress(0.6, "deciding each GPU's class")
-    return data, finish(data, spans, found, th)
+    staged = Staged(
+        engine,
+        plan,
+        run,
+        tuple(runs),
+        tuple(tuple(g.uuid for g in x.data.gpus) for x in classified),
+        tuple(frozenset(x.data.tenants) for x in classified),
+    )
+    verdicts = finish(data, spans, found, th)
+    if isinstance(engine, SerialEngine) and batch_size is None:  # a small fleet, here
+        _forget(staged)  # one process: the fleet's context serves the detectors as well
+        return data, verdicts, None
+    return data, verdicts, staged
+
+
+# -- Map E: the detectors -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DetectItem:
+    """One Map E task: the batch's nodes and its GPUs' verdicts; ``waiting``: the second round,
+    the batch's jobs it held back for the fleet's levels (:class:`analyzer.starved.Part`)."""
+
+    batch: tuple[str, ...]
+    verdicts: tuple[GpuVerdict, ...]
+    waiting: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DetectShared:
+    """What every Map E task reads: the plan, thresholds and run's name; the fleet's tenants
+    and their declarations, how many GPUs each declaring tenant holds, the tenants on more than
+    one batch; the fleet's solo rows asked for so far (:func:`analyzer.neighbors.solo_rows`)
+    and, in the second round, the fleet's levels (:data:`analyzer.starved.Levels`)."""
+
+    plan: WindowPlan
+    thresholds: Thresholds
+    run: str
+    tenants: dict[str, Tenant]
+    declarations: dict[str, tuple[Declared, ...]]
+    declared_gpus: dict[str, int]
+    crossing: frozenset[str]
+    solo: dict[tuple[str, str | None], list[neighbors.SoloRow]]
+    levels: starved.Levels | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Spotted:
+    """Map E's result for one batch: each detector's findings there (the noisy neighbours'
+    co-tenants and host CPU apart, as the fleet run orders them), starved's part, and the solo
+    keys it lacked (then nothing else is final)."""
+
+    idle_held: Detected
+    cotenants: tuple[Finding, ...]
+    host_cpu: tuple[Finding, ...]
+    noisy: Detected
+    starved: starved.Part
+    declared: Detected
+    missing: frozenset[tuple[str, str | None]] = frozenset()
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """A batch's context and what the detectors before ``starved`` found in it."""
+
+    ctx: Context
+    idle: Detected
+    cotenants: tuple[Finding, ...]
+    host_cpu: tuple[Finding, ...]
+    noisy: Detected
+    missing: frozenset[tuple[str, str | None]]
+
+    @property
+    def explained(self) -> frozenset[tuple[str, float]]:
+        return self.idle.explained | self.noisy.explained
+
+
+#: Map E's batches between its two rounds, by (run, batch): a batch with jobs held back for the
+#: fleet's levels, kept where its first round ran (at most :data:`KEPT_BATCHES`).
+_SEEN: dict[tuple[str, tuple[str, ...]], _Seen] = {}
+
+_NOTHING = Spotted(Detected(()), (), (), Detected(()), starved.Part({}, {}, (), {}), Detected(()))
+
+
+def detect_batch(item: DetectItem, shared: DetectShared) -> Spotted:
+    """Map E over one batch: the detectors before ``starved`` in full, ``starved``'s part,
+    ``declared_mismatch``; in the second round, only the jobs held back."""
+    key = (shared.run, item.batch)
+    if item.waiting is not None and not item.waiting:
+        return _NOTHING  # a later round that has nothing for this batch
+    if item.waiting is not None:
+        seen = _SEEN.pop(key, None) or _see(item, shared)
+        part = starved.local(
+            seen.ctx, seen.explained, shared.crossing, shared.levels or {}, item.waiting
+        )
+        return Spotted(Detected(()), (), (), Detected(()), part, Detected(()))
+    seen = _see(item, shared)
+    if seen.missing:  # run again with the fleet's rows: keep the batch for it
+        _keep((_detecting(shared.run), item.batch), seen.ctx.data)
+        return dataclasses.replace(_NOTHING, missing=seen.missing)
+    part = starved.local(seen.ctx, seen.explained, shared.crossing)
+    if part.waiting:
+        _SEEN[key] = seen
+        while len(_SEEN) > KEPT_BATCHES:
+            del _SEEN[next(iter(_SEEN))]
+    ctx = seen.ctx
+    mismatched = declared.counted(ctx, declared.by_gpu(ctx.data), shared.declared_gpus)
+    return Spotted(seen.idle, seen.cotenants, seen.host_cpu, seen.noisy, part, mismatched)
+
+
+def _see(item: DetectItem, shared: DetectShared) -> _Seen:
+    """The batch's context (its data as Map B kept it, else read again, with the fleet's
+    tenants, declarations and reach) and the detectors before ``starved`` over it."""
+    plan = shared.plan
+    kept = _KEPT.pop((_detecting(shared.run), item.batch), None)
+    data = dataclasses.replace(
+        kept or load_nodes(item.batch, plan),
+        window_start=plan.window_start,
+        window_end=plan.window_end,
+        bucket_seconds=plan.bucket_seconds,
+        tenants=shared.tenants,
+        declarations=shared.declarations,
+        reach=plan.reach,
+    )
+    ctx = context(data, list(item.verdicts), shared.thresholds)
+    idle = idle_held.detect(ctx)
+    solo = neighbors.batch_solo(ctx, shared.solo)
+    gpu, cpu = neighbors.parts(ctx, solo)
+    noisy = neighbors.detected(ctx, gpu + cpu)
+    return _Seen(ctx, idle, tuple(gpu), tuple(cpu), noisy, frozenset(solo.missing))
+
+
+def detect(staged: Staged, ctx: Context) -> Results:
+    """Map E: the detectors' :class:`analyzer.findings.Results` over the fleet (``ctx``, the
+    fleet's context: the driver decides there what crosses batches), the same as
+    :func:`analyzer.findings.run` over it."""
+    if not all(v.verdict is not None and v.verdict.ref is not None for v in ctx.views.values()):
+        return findings_run(ctx)  # references from the fleet's data: not a batch's to give
+    engine = staged.engine
+    items = [
+        DetectItem(nodes, tuple(v for u in uuids if (v := ctx.views[u].verdict) is not None))
+        for nodes, uuids in zip(staged.batches, staged.gpus, strict=True)
+    ]
+    shared = DetectShared(
+        staged.plan,
+        ctx.thresholds,
+        staged.run,
+        ctx.data.tenants,
+        ctx.data.declarations,
+        dict(declared.gpus_by_tenant(declared.by_gpu(ctx.data))),
+        _crossing(staged.tenants),
+        {},
+    )
+    spotted = engine.map(detect_batch, items, engine.broadcast(shared))
+    missing = {key for s in spotted for key in s.missing}
+    if missing:  # a victim measured against its workload's solo runs over the fleet
+        shared = dataclasses.replace(shared, solo=neighbors.solo_rows(ctx, missing))
+        again = [item if s.missing else _idle(item) for item, s in zip(items, spotted, strict=True)]
+        redone = engine.map(detect_batch, again, engine.broadcast(shared))
+        spotted = [r if s.missing else s for s, r in zip(spotted, redone, strict=True)]
+    idle = _union(s.idle_held for s in spotted)
+    noisy = Detected(
+        tuple(f for s in spotted for f in s.cotenants)
+        + tuple(f for s in spotted for f in s.host_cpu),
+        frozenset().union(*(s.noisy.explained for s in spotted)),
+    )
+    explained = idle.explained | noisy.explained
+    hungry = _starved(engine, ctx, items, shared, spotted, explained)
+    mismatched = sorted((f for s in spotted for f in s.declared.findings), key=lambda f: f.uuid)
+    return results(
+        {
+            "idle_held": idle,
+            "noisy_neighbor": noisy,
+            "starved": hungry,
+            silent.KIND: silent.detect(ctx, explained),
+            declared.KIND: Detected(tuple(mismatched)),
+        }
+    )
+
+
+def _idle(item: DetectItem) -> DetectItem:
+    """A later round's item for a batch with nothing to do in it. Every round sends an item
+    for every batch, in the first round's order, so that an engine that sends item i of each
+    map to the same worker sends each batch where its first round kept it."""
+    return DetectItem(item.batch, (), frozenset())
+
+
+def _crossing(tenants: Sequence[frozenset[str]]) -> frozenset[str]:
+    """The tenants on more than one batch."""
+    seen: set[str] = set()
+    twice: set[str] = set()
+    for names in tenants:
+        twice |= seen & names
+        seen |= names
+    return frozenset(twice)
+
+
+def _union(parts: Iterable[Detected]) -> Detected:
+    found = list(parts)
+    return Detected(
+        tuple(f for d in found for f in d.findings),
+        frozenset().union(*(d.explained for d in found)),
+    )
+
+
+def _starved(
+    engine: Engine,
+    ctx: Context,
+    items: list[DetectItem],
+    shared: DetectShared,
+    spotted: list[Spotted],
+    explained: frozenset[tuple[str, float]],
+) -> Detected:
+    """``starved`` over the fleet: the batches' jobs, the jobs on several batches decided here,
+    and (a second round) the batches' jobs that needed every job's level."""
+    members: dict[str, tuple[str, ...]] = {}
+    for s in spotted:
+        for name, uuids in s.starved.crossing.items():
+            members[name] = members.get(name, ()) + uuids
+    spread = starved.jobs_on(ctx, members)
+    owns = starved.own_levels(ctx, spread)
+    levels = starved.levels_of([s.starved.levels for s in spotted] + [starved.levels(spread, owns)])
+    decided = {name: x for s in spotted for name, x in s.starved.decided.items()}
+    if any(s.starved.waiting for s in spotted):
+        shared = dataclasses.replace(shared, levels=levels)
+        again = [
+            dataclasses.replace(item, waiting=frozenset(s.starved.waiting))
+            if s.starved.waiting
+            else _idle(item)
+            for item, s in zip(items, spotted, strict=True)
+        ]
+        for s in engine.map(detect_batch, again, engine.broadcast(shared)):
+            decided.update(s.starved.decided)
+    decided.update(starved.decide(ctx, spread, owns, levels, explained))
+    return starved.assemble(decided)

@@ -148,22 +148,156 @@ def evaluate(
 ) -> list[tuple[Finding, bool]]:
     out = []
     jobs = _jobs(ctx)
-    done: dict[str, set[float]] = {}  # the explained intervals, by GPU
+    done = _done(explained)
+    owns = {job.name: _own_reference(ctx, job) for job in jobs}
+    fleet = levels(jobs, owns)
+    for job in jobs:
+        out += _evaluate_job(ctx, job, owns[job.name], fleet, done)
+    return out
+
+
+#: Each GPU model's jobs' own fed levels (model -> job -> k): the reference of a job that is
+#: starved even at its best (:func:`_physical`).
+Levels = dict[str, dict[str, float]]
+
+
+def _done(explained: frozenset[tuple[str, float]]) -> dict[str, set[float]]:
+    """The explained intervals, by GPU."""
+    done: dict[str, set[float]] = {}
     for uuid, start in explained:
         done.setdefault(uuid, set()).add(start)
-    owns = {job.name: _own_reference(ctx, job) for job in jobs}
-    fleet: dict[str, dict[str, float]] = {}
+    return done
+
+
+def levels(jobs: list[_Job], owns: dict[str, float | None]) -> Levels:
+    """The jobs' own fed levels by GPU model (the model of each job's first GPU)."""
+    fleet: Levels = {}
     for job in jobs:
         if (k := owns[job.name]) is not None:
             fleet.setdefault(job.members[0].view.info.model or "?", {})[job.name] = k
-    for job in jobs:
-        job.k_ref, job.reference = _physical(ctx, job, owns[job.name], fleet)
-        comm_waits = _comm_waits(ctx, job)
-        members = [(m, _losses(ctx, job, m, comm_waits, done)) for m in job.members]
-        cadence = _job_cadence(members, ctx.data.bucket_seconds)
-        for member, losses in members:
-            out.append(_finding(ctx, job, member, losses, cadence))
-    return out
+    return fleet
+
+
+def _evaluate_job(
+    ctx: Context, job: _Job, own: float | None, fleet: Levels, done: dict[str, set[float]]
+) -> list[tuple[Finding, bool]]:
+    """One job's GPUs' findings (and whether each passes the thresholds), its own reference
+    (:func:`_own_reference`, which also found its clock and straggler) already measured."""
+    job.k_ref, job.reference = _physical(ctx, job, own, fleet)
+    comm_waits = _comm_waits(ctx, job)
+    members = [(m, _losses(ctx, job, m, comm_waits, done)) for m in job.members]
+    cadence = _job_cadence(members, ctx.data.bucket_seconds)
+    return [_finding(ctx, job, member, losses, cadence) for member, losses in members]
+
+
+# -- over batches of nodes (analyzer.stages' Map E) ------------------------------------------------
+#
+# A job is a tenant, and a tenant's GPUs may sit on nodes of several batches: its reference
+# (the median of its ranks' fed levels, the straggler among them, its best clock), the count
+# of its ranks waiting in a collective at each interval and its checkpoint cadence all span its
+# ranks. So a batch decides only the jobs whose tenant is on none of the other batches' nodes
+# (``crossing`` names the others), and reports the GPUs it holds of the others; the driver
+# evaluates those over the fleet's context (:func:`jobs_on`). The fleet's levels cross too:
+# a job starved even at its best is measured against the other jobs on its GPU model anywhere
+# (:func:`_physical`); a batch holds such jobs back (``waiting``) until the driver has every
+# job's level (:func:`levels_of`) and sends them.
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """``starved`` over one batch of nodes: the jobs it decided (name -> each GPU's finding and
+    whether it passes the thresholds, in the fleet run's order), the own level of each of its
+    jobs by GPU model (for the fleet's :data:`Levels`), the jobs it holds back for the fleet's
+    levels, and the GPUs here of jobs whose tenant is on other batches too."""
+
+    decided: dict[str, tuple[tuple[Finding, bool], ...]]
+    levels: Levels
+    waiting: tuple[str, ...]
+    crossing: dict[str, tuple[str, ...]]
+
+
+def local(
+    ctx: Context,
+    explained: frozenset[tuple[str, float]],
+    crossing: frozenset[str],
+    fleet: Levels | None = None,
+    only: frozenset[str] | None = None,
+) -> Part:
+    """The batch's part (:class:`Part`). Without ``fleet``, a job that needs the fleet's levels
+    is held back; with it, the jobs named in ``only`` are decided."""
+    done = _done(explained)
+    decided: dict[str, tuple[tuple[Finding, bool], ...]] = {}
+    mine: list[_Job] = []
+    owns: dict[str, float | None] = {}
+    waiting: list[str] = []
+    spread: dict[str, tuple[str, ...]] = {}
+    for job in _jobs(ctx):
+        if job.name in crossing:
+            spread[job.name] = tuple(m.view.info.uuid for m in job.members)
+            continue
+        if only is not None and job.name not in only:
+            continue
+        own = owns[job.name] = _own_reference(ctx, job)
+        mine.append(job)
+        if fleet is None and needs_levels(ctx, job, own):
+            waiting.append(job.name)
+        else:
+            decided[job.name] = tuple(_evaluate_job(ctx, job, own, fleet or {}, done))
+    return Part(decided, levels(mine, owns), tuple(waiting), spread)
+
+
+def needs_levels(ctx: Context, job: _Job, own: float | None) -> bool:
+    """Whether :func:`_physical` reads the other jobs' levels for ``job``: its own best
+    intervals are below the floor of a GPU whose power range is known."""
+    ref = job.members[0].view.ref
+    if not ref.limit_watts or ref.limit_watts <= ref.idle_watts:
+        return False
+    floor = ctx.thresholds.fed_power_floor_ratio * (ref.limit_watts - ref.idle_watts)
+    return own is None or own < floor
+
+
+def jobs_on(ctx: Context, members: dict[str, tuple[str, ...]]) -> list[_Job]:
+    """The jobs ``members`` names (job -> its GPUs' uuids), over the fleet's context: the
+    views of those GPUs grouped as :func:`_jobs` groups the fleet's, so each is the job
+    :func:`evaluate` would see."""
+    uuids = sorted({u for found in members.values() for u in found})
+    return [j for j in _jobs(ctx, [ctx.views[u] for u in uuids]) if j.name in members]
+
+
+def own_levels(ctx: Context, jobs: list[_Job]) -> dict[str, float | None]:
+    """Each job's own fed level (:func:`_own_reference`)."""
+    return {job.name: _own_reference(ctx, job) for job in jobs}
+
+
+def decide(
+    ctx: Context,
+    jobs: list[_Job],
+    owns: dict[str, float | None],
+    fleet: Levels,
+    explained: frozenset[tuple[str, float]],
+) -> dict[str, tuple[tuple[Finding, bool], ...]]:
+    """``jobs`` decided against the fleet's levels (their own already measured)."""
+    done = _done(explained)
+    return {job.name: tuple(_evaluate_job(ctx, job, owns[job.name], fleet, done)) for job in jobs}
+
+
+def levels_of(parts: list[Levels]) -> Levels:
+    """The fleet's levels from the batches' (a job's level is in one part only)."""
+    fleet: Levels = {}
+    for part in parts:
+        for model, found in part.items():
+            fleet.setdefault(model, {}).update(found)
+    return fleet
+
+
+def assemble(decided: dict[str, tuple[tuple[Finding, bool], ...]]) -> Detected:
+    """:func:`detect`'s output from every job's decisions, in the fleet run's order (jobs by
+    name)."""
+    evaluated = [x for name in sorted(decided) for x in decided[name]]
+    return Detected(
+        findings=tuple(f for f, above in evaluated if above),
+        measurements=tuple(f for f, above in evaluated if measured(f, above)),
+    )
 
 
 def _job_cadence(members: list[tuple[_Member, _Losses]], bucket_seconds: int) -> float | None:
@@ -205,11 +339,13 @@ def _cycle_minutes(m: _Member) -> float | None:
 # -- jobs and references --------------------------------------------------------------------------
 
 
-def _jobs(ctx: Context) -> list[_Job]:
+def _jobs(ctx: Context, views: list[GpuView] | None = None) -> list[_Job]:
     """Held training and batch intervals, grouped by the tenant that held them (a Slurm job, a
-    pod...), else per GPU."""
+    pod...), else per GPU; over ``views`` (default: the context's)."""
     groups: dict[str, dict[str, Ints]] = {}
-    for uuid, view in sorted(ctx.views.items()):
+    chosen = list(ctx.views.values()) if views is None else views
+    for view in sorted(chosen, key=lambda v: v.info.uuid):
+        uuid = view.info.uuid
         keep = np.flatnonzero(view.held_mask(ctx.thresholds) & (view.class_codes != IDLE_CODE))
         codes = view.main_codes[keep]
         for code in np.unique(codes).tolist():

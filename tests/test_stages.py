@@ -441,3 +441,66 @@ def test_one_job_of_many_gpus_is_one_group_in_blocks(monkeypatch: pytest.MonkeyP
     assert len(found.links) == 49
     assert {root for root, _ in found.links} == {("gpu-0", 0)}
     assert window_keys(ranks[:1], Thresholds())[0][0] == int(start // 1200.0)
+
+
+# -- Map E: the detectors per batch ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def every_kind(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Stores whose findings are of every kind, at 300 s: the demo's and training-multinode's
+    half day (jobs on several nodes, chronic starvation: the fleet's levels), noisy-timeslice's
+    day on a node of its own name (co-tenants that never ran alone nearby: the fleet's solo
+    rows), and test_declared's cluster for a quarter day (a mismatch; its node goes silent)."""
+    from sim.engine import simulate
+    from sim.scenario import load
+    from tests.test_declared import SCENARIO
+
+    folder = tmp_path_factory.mktemp("every-kind")
+    for name, prefix in (("noisy-timeslice", "noisy"), ("training-multinode", "train")):
+        text = Path(f"sim/scenarios/{name}.toml").read_text()  # nodes of their own names
+        (folder / f"{prefix}.toml").write_text(text.replace("gpu-node-", f"{prefix}-node-"))
+    (folder / "declared.toml").write_text(SCENARIO)
+    for name, days in (
+        ("demo", 0.5),
+        (str(folder / "train.toml"), 0.5),
+        (str(folder / "noisy.toml"), 1.0),
+        (str(folder / "declared.toml"), 0.25),
+    ):
+        scenario = dataclasses.replace(load(name), interval_seconds=300.0)
+        simulate(scenario, folder / f"{Path(name).stem}.duckdb", days=days)
+    return folder
+
+
+@pytest.mark.parametrize("engine", ["serial", "pool"])
+def test_the_detectors_per_batch_give_the_fleet_runs_results(
+    every_kind: Path, pool: PoolEngine, engine: str
+) -> None:
+    """Map E in batches of one node: the driver's merge of the partial results is the
+    :class:`~analyzer.findings.Results` that :func:`analyzer.findings.run` gives over the
+    fleet's context, findings, waiting and each detector's explained intervals alike."""
+    from analyzer import declared, starved
+    from analyzer.context import context
+    from analyzer.findings import run
+    from analyzer.load import inputs
+    from analyzer.stages import _crossing, detect, load_and_classify_staged
+
+    th = Thresholds()
+    chosen = pool if engine == "pool" else SerialEngine()
+    paths = inputs([str(every_kind)])
+    data, observed, staged = load_and_classify_staged(
+        chosen, paths, 7 * 86400.0, thresholds=th, batch_size=1
+    )
+    assert staged is not None and staged.batches == tuple((n,) for n in staged.plan.nodes)
+    assert len(staged.batches) >= 8
+    verdicts = declared.combine(data, observed)
+    expected = run(context(data, verdicts, th))
+    assert all(d.findings for d in expected.by_detector.values()), "a finding of every kind"
+    assert _crossing(staged.tenants), "a job on several nodes (batches)"
+    evidence = [e for f in expected.findings for e in f.evidence]
+    assert any("ran alone" in e for e in evidence), "a victim against the fleet's solo runs"
+    ctx = context(data, verdicts, th)
+    jobs = starved._jobs(ctx)  # the fleet run's
+    owns = starved.own_levels(ctx, jobs)
+    assert any(starved.needs_levels(ctx, j, owns[j.name]) for j in jobs), "on the fleet's levels"
+    assert detect(staged, context(data, verdicts, th)) == expected
