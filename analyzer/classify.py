@@ -283,11 +283,12 @@ def map_spans(
     """Map B: everything one batch's GPUs decide alone (references against the fleet's idle
     power, segments, recurrence within a GPU, features); ``offset`` is the batch's first GPU's
     position in the fleet."""
-    refs = references(data, th, idle_watts)
+    fields = _Fields(data)
+    refs = references(data, th, idle_watts, fields)
     spans: dict[str, list[_Span]] = {}
     for gpu in data.gpus:
         buckets = list(data.buckets.get(gpu.uuid, ()))
-        cols = _columns(buckets, refs[gpu.uuid], th)
+        cols = _columns(buckets, refs[gpu.uuid], th, fields.of(gpu.uuid))
         spans[gpu.uuid] = _segment(gpu, refs[gpu.uuid], buckets, cols, th)
     recurring = _recurrence(spans)
     for group in spans.values():
@@ -371,6 +372,8 @@ class _Columns:
     #: :func:`analyzer.reference.computed` of each bucket: reported at all, and true.
     known: Mask
     on: Mask
+    #: The hour of the day (UTC) of each bucket's start, 0 to 24 (:func:`_hours_of_day`).
+    hour: Floats
 
     def cut(self, lo: int, hi: int) -> _Columns:
         """The buckets ``[lo, hi)``: views, not copies."""
@@ -390,23 +393,58 @@ def _loads(util: Floats, power: Floats, ref: PowerRef) -> Floats:
     return np.where(np.isnan(util), _power_load(power, ref), util)
 
 
-def _columns(buckets: Sequence[Bucket], ref: PowerRef, th: Thresholds) -> _Columns:
-    util, util_max, power = (column(buckets, n) for n in ("util", "util_max", "power_watts"))
+class _Fields:
+    """A batch's GPUs' fields as floats (:func:`analyzer.reference.column`), each read from the
+    buckets once: the references ask for power (and, without the fleet's idle power, for
+    utilization and memory too), and the columns for the same arrays again. Reading a field
+    of a week's buckets is about 0.3 ms a GPU."""
+
+    def __init__(self, data: FleetData) -> None:
+        self._data = data
+        self._read: dict[tuple[str, str], Floats] = {}
+
+    def __call__(self, uuid: str, name: str) -> Floats:
+        key = (uuid, name)
+        if key not in self._read:
+            self._read[key] = column(self._data.buckets.get(uuid, ()), name)
+        return self._read[key]
+
+    def of(self, uuid: str) -> Callable[[str], Floats]:
+        """The GPU's fields, each handed out once and then forgotten (its columns keep it)."""
+
+        def field(name: str) -> Floats:
+            kept = self._read.pop((uuid, name), None)
+            return column(self._data.buckets.get(uuid, ()), name) if kept is None else kept
+
+        return field
+
+
+def _columns(
+    buckets: Sequence[Bucket],
+    ref: PowerRef,
+    th: Thresholds,
+    field: Callable[[str], Floats] | None = None,
+) -> _Columns:
+    """The GPU's columns; ``field``: its fields as floats, by default read from ``buckets``."""
+    read = field or functools.partial(column, buckets)
+    util, util_max, power = (read(n) for n in ("util", "util_max", "power_watts"))
+    start = read("start")
     by_power = _power_load(power, ref)
     reported = ~np.isnan(util_max)
     # NaN compares false: a bucket without either reading did not compute (``computed``'s None).
     on = np.where(reported, util_max > th.idle_util_ratio, by_power > 2 * th.idle_util_ratio)
     return _Columns(
-        start=column(buckets, "start"),
+        start=start,
         samples=np.fromiter((b.samples for b in buckets), dtype=np.int64, count=len(buckets)),
         util=util,
         util_max=util_max,
-        memory=column(buckets, "memory_bytes"),
+        memory=read("memory_bytes"),
         power=power,
-        nvlink=column(buckets, "nvlink_bytes_per_second"),
+        nvlink=read("nvlink_bytes_per_second"),
         load=np.where(np.isnan(util), by_power, util),  # :func:`_loads`
         known=reported | ~np.isnan(by_power),
         on=on,
+        hour=_hours_of_day(start),
     )
 
 
@@ -493,7 +531,11 @@ def _step(buckets: list[Bucket]) -> float:
 
 
 def _q(values: Floats, q: float) -> float:
-    ordered = np.sort(values)
+    return _q_of_sorted(np.sort(values), q)
+
+
+def _q_of_sorted(ordered: Floats, q: float) -> float:
+    """:func:`_q` of values already sorted."""
     return float(ordered[min(int(q * len(ordered)), len(ordered) - 1)])
 
 
@@ -507,9 +549,10 @@ def _features(span: _Span, data: FleetData, th: Thresholds, recurring: int) -> F
     busy_at = th.busy_util_ratio if source == "utilization" else th.busy_power_ratio
     f: dict[str, Any] = {"hours": hours, "samples": int(c.samples.sum()), "load_source": source}
     if len(loads) and source != "none":
+        ordered = np.sort(loads)
         f |= {
-            "load_median": _median(loads),
-            "load_p90": _q(loads, 0.9),
+            "load_median": _median_of_sorted(ordered),
+            "load_p90": _q_of_sorted(ordered, 0.9),
             "load_std": math.sqrt(_variance_of(loads)),
             "busy": int(np.count_nonzero(loads >= busy_at)) / len(loads),
         }
@@ -526,7 +569,7 @@ def _features(span: _Span, data: FleetData, th: Thresholds, recurring: int) -> F
     found = _cycle(np.where(np.isnan(c.power), c.util, c.power), step)
     if found is not None:
         f["cycle_minutes"], f["cycle_r"] = found
-    hour = _hours_of_day(c.start)
+    hour = c.hour
     f["night"] = int(np.count_nonzero((hour >= 20.0) | (hour < 8.0))) / n
     f["recurring"] = recurring
     f["resolution_seconds"] = float(step)
@@ -547,7 +590,8 @@ def _gaps(c: _Columns, th: Thresholds, step: int) -> dict[str, Any]:
         between = np.diff(at) - 1  # the stretch without compute before each but the first
         longest = max(int(at[0]), int(between.max(initial=0)), n - 1 - int(at[-1]))
         sessions = 1 + int(np.count_nonzero(between >= gap_buckets))
-        hours = len(np.unique(_hours_of_day(c.start[at]).astype(np.int64)))
+        # The distinct hours with compute: a count of each hour, not a sort (np.unique's).
+        hours = int(np.count_nonzero(np.bincount(c.hour[at].astype(np.int64), minlength=24)))
     else:
         longest, sessions, hours = n, 0, 0
     out: dict[str, Any] = {
@@ -586,9 +630,10 @@ def _memory(c: _Columns, ref: PowerRef, loads: int) -> dict[str, Any]:
     if not len(memory):
         return {}
     median = _median(memory)
+    mean = _fmean(memory)
     out: dict[str, Any] = {
         "memory_gib": median / (1 << 30),
-        "memory_cv": math.sqrt(_variance_of(memory)) / max(_fmean(memory), 1.0),
+        "memory_cv": math.sqrt(_variance_of(memory, mean=mean)) / max(mean, 1.0),
     }
     if ref.memory_total_bytes:
         out["memory_ratio"] = median / ref.memory_total_bytes
@@ -598,8 +643,11 @@ def _memory(c: _Columns, ref: PowerRef, loads: int) -> dict[str, Any]:
     skip = max(int(np.count_nonzero(paired)) // 10, 3)
     load, mem = c.load[paired][skip:], c.memory[paired][skip:]
     steady = len(mem) > 10 and np.count_nonzero(paired) == loads
-    if steady and math.sqrt(_variance_of(mem)) / max(_fmean(mem), 1.0) > 0.02:
-        out["memory_util_r"] = _pearson(load, mem)
+    if steady:
+        # The spread's and Pearson's terms are one: the series less its mean, squared.
+        series = _Centred(mem)
+        if math.sqrt(_variance_from(mem, series)) / max(series.mean, 1.0) > 0.02:
+            out["memory_util_r"] = _centred_r(_Centred(load), series)
     return out
 
 
@@ -664,13 +712,16 @@ def _cycle(values: Floats, bucket_seconds: int) -> tuple[float, float] | None:
 
 def _lagged_sums(centred: Floats, lo: int, hi: int) -> Floats:
     """For each lag ``k`` from ``lo`` to ``hi``, ``sum(centred[i] * centred[i + k])`` added left
-    to right, all lags at once: row ``k`` multiplies by the series shifted ``k`` and padded with
-    zeros (a 0 product adds nothing)."""
+    to right, all lags at once: column ``k - lo`` of an ``(n, lags)`` table holds the products
+    of the series with itself shifted ``k`` (padded with zeros: a 0 product adds nothing), and a
+    reduction down the rows of a C-ordered table adds each column's values one row after the
+    other from 0 (NumPy adds pairwise only along the contiguous axis). A tenth of the CPU of
+    the former ``add.accumulate`` along each row (2,016 buckets, 35 lags: 0.2 ms, was 1.9)."""
     n = len(centred)
     padded = np.concatenate((centred, np.zeros(hi)))
-    shifted = np.lib.stride_tricks.sliding_window_view(padded, n)[lo : hi + 1]
-    products = np.concatenate((np.zeros((hi - lo + 1, 1)), centred * shifted), axis=1)
-    return np.asarray(np.add.accumulate(products, axis=1)[:, -1])
+    shifted = np.lib.stride_tricks.sliding_window_view(padded, hi - lo + 1)[lo : lo + n]
+    products = np.ascontiguousarray(centred[:, None] * shifted)
+    return np.asarray(np.add.reduce(products, axis=0, initial=0.0))
 
 
 def _fundamental(r: dict[int, float], lag: int, lo: int) -> float:
@@ -825,21 +876,33 @@ def _ulp_below(values: Floats) -> Floats:
 
 def _median(values: Floats) -> float:
     """:func:`statistics.median`: the middle value, or the mean of the two middle ones."""
-    ordered = np.sort(values)
+    return _median_of_sorted(np.sort(values))
+
+
+def _median_of_sorted(ordered: Floats) -> float:
+    """:func:`_median` of values already sorted."""
     n = len(ordered)
     if n % 2:
         return float(ordered[n // 2])
     return (float(ordered[n // 2 - 1]) + float(ordered[n // 2])) / 2
 
 
-def _variance_of(values: Floats, ddof: int = 0) -> float:
+def _variance_of(values: Floats, ddof: int = 0, mean: float | None = None) -> float:
     """The population (``ddof=0``) or sample (``ddof=1``) variance in floats: the same value as
     :mod:`statistics`' to within a few ulps, which sums exact fractions (a fifth of classify's
-    time on a fleet); a constant series is exactly 0, as there."""
+    time on a fleet); a constant series is exactly 0, as there. ``mean``: the values'
+    :func:`_fmean`, when the caller has it."""
     if values.min() == values.max():
         return 0.0
-    mean = math.fsum(values.tolist()) / len(values)
+    mean = math.fsum(values.tolist()) / len(values) if mean is None else mean
     return math.fsum(_squares(values - mean).tolist()) / (len(values) - ddof)
+
+
+def _variance_from(values: Floats, series: _Centred) -> float:
+    """:func:`_variance_of` (``ddof=0``) of ``values`` from their :class:`_Centred` terms."""
+    if values.min() == values.max():
+        return 0.0
+    return math.fsum(series.squares.tolist()) / len(values)
 
 
 def _group_starts(keys: Ints) -> Ints:
@@ -926,11 +989,13 @@ class _Centred:
     exactly rounded (``fmean``), the sums left to right and the squares through ``pow`` (as the
     generator sums it replaced, to the last bit)."""
 
-    __slots__ = ("centred", "energy")
+    __slots__ = ("centred", "energy", "mean", "squares")
 
     def __init__(self, values: Floats) -> None:
-        self.centred = values - _fmean(values) if len(values) else values
-        self.energy = _seqsum(_squares(self.centred))
+        self.mean = _fmean(values) if len(values) else 0.0
+        self.centred = values - self.mean if len(values) else values
+        self.squares = _squares(self.centred)
+        self.energy = _seqsum(self.squares)
 
 
 def _centred_r(a: _Centred, b: _Centred) -> float:
