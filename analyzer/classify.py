@@ -546,14 +546,15 @@ def _features(span: _Span, data: FleetData, th: Thresholds, recurring: int) -> F
     util_known = bool((~np.isnan(c.util)).any())
     source = "utilization" if util_known else "power" if ref.limit_watts else "none"
     loads = c.load[~np.isnan(c.load)]
+    spread: _Centred | None = None  # the loads less their mean, squared: for two measures
     busy_at = th.busy_util_ratio if source == "utilization" else th.busy_power_ratio
     f: dict[str, Any] = {"hours": hours, "samples": int(c.samples.sum()), "load_source": source}
     if len(loads) and source != "none":
-        ordered = np.sort(loads)
+        ordered, spread = np.sort(loads), _Centred(loads)
         f |= {
             "load_median": _median_of_sorted(ordered),
             "load_p90": _q_of_sorted(ordered, 0.9),
-            "load_std": math.sqrt(_variance_of(loads)),
+            "load_std": math.sqrt(_variance_from(loads, spread)),
             "busy": int(np.count_nonzero(loads >= busy_at)) / len(loads),
         }
     if c.known.any():
@@ -563,7 +564,7 @@ def _features(span: _Span, data: FleetData, th: Thresholds, recurring: int) -> F
     f |= _memory(c, ref, len(loads))
     f |= _power(c, ref, th)
     if len(loads) and hours >= 30:
-        f["diurnal"] = _diurnal(c)
+        f["diurnal"] = _diurnal(c, spread)
     if len(loads) and hours >= 6:
         f["hourly_cv"] = _hourly_cv(c)
     found = _cycle(np.where(np.isnan(c.power), c.util, c.power), step)
@@ -763,19 +764,22 @@ def _around(r: dict[int, float], lag: float, base: float) -> float:
     return r.get(below, base) + r.get(below + 1, base) - 2 * base
 
 
-def _diurnal(c: _Columns) -> float:
-    """How much of the load's variance an hour-of-day profile explains (0..1)."""
+def _diurnal(c: _Columns, spread: _Centred | None = None) -> float:
+    """How much of the load's variance an hour-of-day profile explains (0..1); ``spread``:
+    the reported loads' :class:`_Centred` terms, when the caller has them."""
     reported = ~np.isnan(c.load)
     load = c.load[reported]
     hour = ((c.start[reported] % 86400) // 3600).astype(np.int64)
-    if len(np.unique(hour)) < 20:
+    if np.count_nonzero(np.bincount(hour, minlength=24)) < 20:  # distinct hours, unsorted
         return 0.0
-    order = np.argsort(hour, kind="stable")
+    order = np.argsort(hour.astype(np.uint8), kind="stable")  # 8 bits: a radix sort
     first = _group_starts(hour[order])
     counts = np.diff(np.append(first, len(load)))
     profile = np.zeros(24)
     profile[hour[order][first]] = _fsums(load[order], first) / counts
-    r = _pearson(load, profile[hour])
+    if len(load) < 3:
+        return 0.0
+    r = _centred_r(_Centred(load) if spread is None else spread, _Centred(profile[hour]))
     return max(r, 0.0) ** 2
 
 
@@ -792,11 +796,14 @@ def _hourly_cv(c: _Columns) -> float:
     keep = counts >= 3
     means_all = _fsums(load, first) / counts
     means = means_all[keep]
-    if len(means) < 4 or _fmean(means) <= 1e-9:
+    if len(means) < 4:
+        return 0.0
+    mean = _fmean(means)
+    if mean <= 1e-9:
         return 0.0
     chance = _fmean(_group_variances(load, first, counts, means_all)[keep] / counts[keep])
-    between = max(_variance_of(means) - chance, 0.0)
-    return math.sqrt(between) / _fmean(means)
+    between = max(_variance_of(means, mean=mean) - chance, 0.0)
+    return math.sqrt(between) / mean
 
 
 def _group_variances(values: Floats, first: Ints, counts: Ints, means: Floats) -> Floats:
