@@ -19,7 +19,7 @@ from __future__ import annotations
 import operator
 import re
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -35,6 +35,10 @@ GIB = float(1 << 30)
 _SIZE = re.compile(r"(\d+)\s*GB\b", re.IGNORECASE)
 
 Floats = npt.NDArray[np.float64]
+#: A GPU's field as floats (:func:`column` of its buckets), by uuid and field name: the
+#: classifier passes one that reads each field of a GPU once for the references and its own
+#: columns alike (issue #25).
+ColumnReader = Callable[[str, str], Floats]
 
 
 def column(buckets: Sequence[Bucket], name: str) -> Floats:
@@ -121,23 +125,32 @@ IDLE_BINS_PER_WATT = 20
 IdleHistogram = dict[str, dict[int, int]]
 
 
-def idle_histogram(data: FleetData, th: Thresholds) -> IdleHistogram:
-    """Map A's histogram: the power of each empty, compute-free bucket, binned, per model."""
+def idle_histogram(
+    data: FleetData, th: Thresholds, read: ColumnReader | None = None
+) -> IdleHistogram:
+    """Map A's histogram: the power of each empty, compute-free bucket, binned, per model
+    (``read``: each GPU's fields, by default :func:`column` of its buckets)."""
+    read = read or buckets_reader(data)
     out: IdleHistogram = {}
     for gpu in data.gpus:
         bins = out.setdefault(gpu.model or "?", {})
-        for k, n in _idle_bins(data.buckets.get(gpu.uuid, ()), memory_total(gpu), th):
+        for k, n in _idle_bins(read, gpu.uuid, memory_total(gpu), th):
             bins[k] = bins.get(k, 0) + n
     return out
 
 
+def buckets_reader(data: FleetData) -> ColumnReader:
+    """:func:`column` of a GPU's buckets in ``data``, read each time it is asked."""
+    return lambda uuid, name: column(data.buckets.get(uuid, ()), name)
+
+
 def _idle_bins(
-    buckets: Sequence[Bucket], total: float | None, th: Thresholds
+    read: ColumnReader, uuid: str, total: float | None, th: Thresholds
 ) -> list[tuple[int, int]]:
     """One GPU's idle-power bins and their counts, in the order the bins first occur: its
     buckets with power, utilization and memory reported, no compute and memory not held."""
-    power, util_max = column(buckets, "power_watts"), column(buckets, "util_max")
-    memory = column(buckets, "memory_bytes")
+    power, util_max = read(uuid, "power_watts"), read(uuid, "util_max")
+    memory = read(uuid, "memory_bytes")
     held_ = memory / total > th.held_memory_ratio if total else memory > th.held_memory_floor_bytes
     # NaN compares false: an unreported reading leaves the bucket out.
     idle = ~np.isnan(power) & (util_max <= th.idle_util_ratio) & ~np.isnan(memory) & ~held_
@@ -183,20 +196,25 @@ def _nth(bins: dict[int, int], rank: int) -> int:
 
 
 def references(
-    data: FleetData, th: Thresholds, idle_watts: dict[str, float] | None = None
+    data: FleetData,
+    th: Thresholds,
+    idle_watts: dict[str, float] | None = None,
+    read: ColumnReader | None = None,
 ) -> dict[str, PowerRef]:
     """Every GPU's references; the fleet's idle power per model from ``idle_watts`` (Merge A's
-    broadcast, when ``data`` is one batch of nodes), else from ``data``'s own histogram."""
+    broadcast, when ``data`` is one batch of nodes), else from ``data``'s own histogram.
+    ``read``: each GPU's fields, by default :func:`column` of its buckets."""
+    read = read or buckets_reader(data)
     if idle_watts is None:
-        idle_watts = fleet_idle(idle_histogram(data, th))
+        idle_watts = fleet_idle(idle_histogram(data, th, read))
     totals = {g.uuid: memory_total(g) for g in data.gpus}
-    return {g.uuid: _reference(g, data, idle_watts, totals[g.uuid]) for g in data.gpus}
+    return {g.uuid: _reference(g, read, idle_watts, totals[g.uuid]) for g in data.gpus}
 
 
 def _reference(
-    gpu: GpuInfo, data: FleetData, fleet_idle: dict[str, float], total: float | None
+    gpu: GpuInfo, read: ColumnReader, fleet_idle: dict[str, float], total: float | None
 ) -> PowerRef:
-    power = column(data.buckets.get(gpu.uuid, ()), "power_watts")
+    power = read(gpu.uuid, "power_watts")
     power = power[~np.isnan(power)]
     sheet = datasheet(gpu.model)
     if gpu.power_limit_watts:

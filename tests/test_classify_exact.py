@@ -16,15 +16,23 @@ from hypothesis import strategies as st
 from analyzer.classify import (
     _Centred,
     _centred_r,
+    _column_dots,
+    _columns,
+    _Fields,
+    _fine_rs,
     _fsums,
     _group_starts,
     _lagged_sums,
+    _LoadSeries,
     _median,
     _pow_squares,
     _squares,
     _variance_of,
     pearson,
 )
+from analyzer.load import Bucket, FleetData, GpuInfo
+from analyzer.reference import references
+from analyzer.thresholds import Thresholds
 from tests.oracles import old_pearson
 
 #: Loads, watts and bytes: ratios near 1, hundreds, billions; ties of binary fractions too.
@@ -103,3 +111,84 @@ def test_lagged_sums_add_left_to_right(xs: list[float]) -> None:
     got = _lagged_sums(np.array(centred), lo, hi).tolist()
     want = [sum(map(operator.mul, centred, centred[k:])) for k in range(lo, hi + 1)]
     assert got == want
+
+
+@given(st.lists(values, min_size=36, max_size=2100), st.integers(2, 6), st.integers(0, 40))
+def test_lagged_sums_over_a_week_of_lags(xs: list[float], lo: int, extra: int) -> None:
+    """The classifier's own window of lags (up to a week of 5-minute buckets and 3 hours of
+    lags), one lag alone included: still each lag's products added left to right."""
+    mean = statistics.fmean(xs)
+    centred = [v - mean for v in xs]
+    hi = min(lo + extra, len(xs) // 3)
+    got = _lagged_sums(np.array(centred), lo, hi).tolist()
+    want = [sum(map(operator.mul, centred, centred[k:])) for k in range(lo, hi + 1)]
+    assert got == want
+
+
+@given(
+    st.lists(values, min_size=3, max_size=2100),
+    st.integers(1, 30),
+    st.integers(0, 2**32 - 1),
+)
+def test_column_dots_add_each_column_left_to_right(xs: list[float], width: int, seed: int) -> None:
+    """One column or thirty, short or a week long: each column's sum is the generator's."""
+    rng = np.random.default_rng(seed)
+    table = np.array(xs)[:, None] * rng.uniform(-2.0, 2.0, (len(xs), width))
+    got = _column_dots(np.array(xs), table).tolist()
+    want = [sum(map(operator.mul, xs, table[:, j].tolist())) for j in range(width)]
+    assert got == want
+
+
+class _Span:
+    """What :class:`_LoadSeries` reads of a span: its columns' starts and loads."""
+
+    def __init__(self, starts: np.ndarray, load: np.ndarray) -> None:
+        self.cols = self
+        self.start, self.load = starts, load
+
+
+@given(st.lists(st.lists(values, min_size=40, max_size=40), min_size=1, max_size=26))
+def test_the_batched_step_r_is_each_pairs_r(rows: list[list[float]]) -> None:
+    """A span's step r with its peers in one product equals :func:`_centred_r` pair by pair;
+    a peer over other buckets gets none, and flat series an r of 0, as pair by pair."""
+    starts = np.arange(40) * 900.0
+    series = [_LoadSeries(_Span(starts, np.array(r))) for r in rows]  # type: ignore[arg-type]
+    other = _LoadSeries(_Span(starts + 900.0, np.array(rows[0])))  # type: ignore[arg-type]
+    mine, peers = series[0], [*series[1:], other]
+    th = Thresholds(replica_min_seconds=0.0)
+    got = _fine_rs(mine, peers, th, 900)
+    want = [_centred_r(mine.fine(), p.fine()) for p in series[1:]]
+    assert got == [*want, None]
+
+
+maybe = st.one_of(st.none(), values)
+
+
+@given(
+    st.lists(st.lists(st.tuples(maybe, maybe, maybe, maybe), max_size=30), min_size=1, max_size=4),
+    st.sampled_from([None, "NVIDIA H100 80GB HBM3", "Tesla T4"]),
+)
+def test_fields_read_once_are_the_fields_read_each_time(
+    gpus: list[list[tuple[float | None, ...]]], model: str | None
+) -> None:
+    """The references and columns from :class:`_Fields` (each GPU's field read once) are those
+    read from the buckets each time, reported or not, with or without the fleet's idle power."""
+    infos, buckets = [], {}
+    for i, rows in enumerate(gpus):
+        uuid = f"GPU-{i}"
+        infos.append(GpuInfo("n", uuid, i, model, None if i % 2 else 80 * 2**30, None))
+        buckets[uuid] = tuple(
+            Bucket(300.0 * k, 30, 30, u, u, u, m, m, p, None, v)
+            for k, (u, m, p, v) in enumerate(rows)
+        )
+    data = FleetData(0.0, 1e6, 300, tuple(infos), buckets, {}, 10.0)
+    th = Thresholds()
+    for idle in (None, {model or "?": 60.0}):
+        fields = _Fields(data)
+        refs = references(data, th, idle, fields)
+        assert refs == references(data, th, idle)
+        for gpu in infos:
+            once = _columns(buckets[gpu.uuid], refs[gpu.uuid], th, fields.of(gpu.uuid))
+            each = _columns(buckets[gpu.uuid], refs[gpu.uuid], th)
+            for name in once.__dataclass_fields__:
+                assert np.array_equal(getattr(once, name), getattr(each, name), equal_nan=True)
