@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import itertools
 import operator
 import statistics
 import weakref
@@ -359,11 +358,20 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
 
 def by_start(tenancy: Sequence[TenantBucket]) -> dict[float, tuple[TenantBucket, ...]]:
     """A GPU's tenant buckets grouped by start, starts in first-seen order. The loader gives
-    them in time order, so the groups are runs (one ``groupby`` in C, not an append per
-    tenant bucket); in any other order, grouped one by one."""
+    them in time order, so the groups are runs, cut where the start changes (slices of the
+    tuple; where every start has one holder, each its own 1-tuple, built in C); in any other
+    order, grouped one by one."""
+    if not tenancy:
+        return {}
     starts = np.fromiter(map(_START, tenancy), np.float64, len(tenancy))
     if np.all(starts[1:] >= starts[:-1]):
-        return {t: tuple(run) for t, run in itertools.groupby(tenancy, _START)}
+        edges = np.flatnonzero(starts[1:] != starts[:-1]) + 1
+        if len(edges) == len(tenancy) - 1:  # one holder a start (most GPUs): no run to cut
+            return dict(zip(starts.tolist(), zip(tenancy, strict=True), strict=True))
+        firsts = [0, *edges.tolist()]
+        ends = [*firsts[1:], len(tenancy)]
+        keys = starts[firsts].tolist()
+        return {t: tuple(tenancy[i:j]) for t, i, j in zip(keys, firsts, ends, strict=True)}
     grouped: dict[float, list[TenantBucket]] = {}
     for tb in tenancy:
         grouped.setdefault(tb.start, []).append(tb)

@@ -277,11 +277,11 @@ _SPARKLINE_FIELDS = ("util", "power_watts", "memory_bytes")
 def _means(values: Floats, step: int) -> list[float | None]:
     """The mean of each run of ``step`` values, not counting NaN (not reported); ``None`` for
     a run with none (:func:`statistics.fmean`: :func:`math.fsum` over the count)."""
+    plain = values.tolist()  # runs of a few values: list slices beat array calls per run
     out: list[float | None] = []
-    for i in range(0, len(values), step):
-        reported = values[i : i + step]
-        reported = reported[~np.isnan(reported)]
-        out.append(math.fsum(reported.tolist()) / len(reported) if len(reported) else None)
+    for i in range(0, len(plain), step):
+        reported = [x for x in plain[i : i + step] if not math.isnan(x)]
+        out.append(math.fsum(reported) / len(reported) if reported else None)
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from analyzer.classify import GpuVerdict
-from analyzer.context import Finding
+from analyzer.context import Finding, Floats
 from analyzer.load import FleetData
 
 
@@ -163,8 +163,22 @@ def quantile(values: list[float], q: float, weights: list[float] | None = None) 
     if len(weights) != len(values):
         raise ValueError("quantile: values and weights differ in length")
     v, w = np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    return values[_quantile_positions(v, w, sum(weights), (q,))[0]]
+
+
+def quantiles(values: Floats, weights: Floats, qs: tuple[float, ...]) -> list[float]:
+    """:func:`quantile` of one sample at each of ``qs`` (non-empty columns), sorted once: the
+    forecasts ask each slot for its upper quantile and its median."""
+    positions = _quantile_positions(values, weights, sum(weights.tolist()), qs)
+    return [float(values[i]) for i in positions]
+
+
+def _quantile_positions(v: Floats, w: Floats, total: float, qs: tuple[float, ...]) -> list[int]:
+    """The position in ``v`` of each ``q`` quantile (``total``: the weights' sum, in order)."""
     order = np.lexsort((w, v))  # by value, then weight: as sorted() orders the pairs
-    total = sum(weights)
     running = np.cumsum(w[order])  # sequential, as a loop of +=
-    reached = np.flatnonzero(running >= q * total - 1e-12)
-    return values[int(order[reached[0]] if len(reached) else order[-1])]
+    out = []
+    for q in qs:
+        reached = np.flatnonzero(running >= q * total - 1e-12)
+        out.append(int(order[reached[0]] if len(reached) else order[-1]))
+    return out

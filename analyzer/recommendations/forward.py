@@ -35,9 +35,9 @@ from statistics import NormalDist
 
 import numpy as np
 
-from analyzer.context import Floats, Ints, first_seen, running_sum
+from analyzer.context import Floats, Ints, running_sum
 from analyzer.forecast import theil_sen
-from analyzer.recommendations import quantile
+from analyzer.recommendations import quantile, quantiles
 
 DAY = 86400
 WEEK = 7 * DAY
@@ -289,14 +289,16 @@ def _slot_ratios(
     level; a slot never seen takes the largest quantile of the others."""
     newest = max(times)
     at = np.asarray(times, dtype=np.float64)
-    ratios = (np.asarray(demand, dtype=np.float64) / trend.levels(at)).tolist()
-    weights = [0.5**age for age in ((newest - at) / half_life_seconds).tolist()]
+    ratios = np.asarray(demand, dtype=np.float64) / trend.levels(at)
+    # Python's ** per time, not np.power: the same floats as ever, to the last digit.
+    weights = np.array([0.5**age for age in ((newest - at) / half_life_seconds).tolist()])
     slots = slots_of(at, period_seconds)
+    order = np.argsort(slots, kind="stable")  # each slot's times, in time order
+    cuts = np.flatnonzero(np.diff(slots[order])) + 1
     stats = {}
-    for key in first_seen(slots):  # each slot's values in time order
-        mine = np.flatnonzero(slots == key).tolist()
-        v, w = [ratios[i] for i in mine], [weights[i] for i in mine]
-        stats[key] = (quantile(v, q, w), quantile(v, 0.5, w))
+    for mine in np.split(order, cuts):
+        high, median = quantiles(ratios[mine], weights[mine], (q, 0.5))
+        stats[int(slots[mine[0]])] = (high, median)
     fallback = max(stats.values())
     return [stats.get(s, fallback) for s in range(period_seconds // 3600)]
 
