@@ -96,7 +96,8 @@ def _document(
     progress: Progress,
 ) -> dict[str, Any]:
     """The document from the loaded, classified fleet: findings, recommendations, books."""
-    verdicts = declared.combine(data, observed)  # declared beside observed
+    intents = declared.by_gpu(data)  # what each GPU's main workload declares (once)
+    verdicts = declared.combine(data, observed, intents)  # declared beside observed
     ctx = context(data, verdicts, thresholds or Thresholds())  # one for detectors and owners
     progress(0.65, "looking for starved GPUs, noisy neighbours and idle holds")
     results = run_detectors(ctx)
@@ -113,7 +114,6 @@ def _document(
     if books.bill["cost"] is not None:  # priced: "costliest first" means by cost (issue 24)
         findings.sort(key=lambda e: -(e.get("cost") or 0.0))
     summary = summarize(data, verdicts, results.findings)
-    intents = declared.by_gpu(data)
     summary["timeline"]["start"] = iso(summary["timeline"]["start"])
     summary["coverage"].update(window_coverage(data, asked, since))  # what the window leaves out
     if books.bill["cost"] is not None:  # priced: each top action says what it cost

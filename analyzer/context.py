@@ -22,6 +22,7 @@ import numpy.typing as npt
 from analyzer.classify import CLASSES, GpuVerdict, class_at
 from analyzer.load import Bucket, CgroupBucket, FleetData, GpuInfo, HostBucket, TenantBucket
 from analyzer.reference import PowerRef, computed, held, references
+from analyzer.reference import column as _column  # the one reading of a field as floats
 from analyzer.thresholds import Thresholds
 
 GIB = float(1 << 30)
@@ -62,10 +63,6 @@ def column(buckets: Sequence[Bucket], name: str) -> Floats:
     if view is not None and view.buckets is buckets:
         return view.col(name)
     return _column(buckets, name)
-
-
-def _column(buckets: Sequence[Bucket], name: str) -> Floats:
-    return np.array(list(map(operator.itemgetter(Bucket._fields.index(name)), buckets)), float)
 
 
 def class_codes(verdict: GpuVerdict | None, starts: Floats) -> Ints:
