@@ -10,6 +10,8 @@ rather than guessing. Strategies run in registry order and may read what earlier
 from __future__ import annotations
 
 import math
+import operator
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -54,6 +56,22 @@ class Inputs:
     verdicts: list[GpuVerdict]
     findings: tuple[Finding, ...]
     earlier: list[Recommendation] = field(default_factory=list)
+    _tenant_counts: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def tenant_counts(self, uuid: str) -> Counter[str]:
+        """The tenants on the GPU and the buckets each held, as first seen (shared: read
+        only). Counted once per GPU for every strategy that asks: four of them each walked
+        the tenancy of the GPUs they read (services twice)."""
+        known = self._tenant_counts.get(uuid)
+        if known is None:
+            tenancy = self.data.tenancy.get(uuid, ())
+            known = self._tenant_counts[uuid] = Counter(map(_TENANT, tenancy))
+        return known
+
+    def main_tenant(self, uuid: str) -> str | None:
+        """The tenant on the GPU in the most buckets (a tie: the name that sorts last)."""
+        counts = self.tenant_counts(uuid)
+        return max(counts, key=lambda t: (counts[t], t)) if counts else None
 
     @property
     def history_days(self) -> float:
@@ -67,6 +85,7 @@ class Strategy(Protocol):
 
 
 REGISTRY: dict[str, Callable[[], Strategy]] = {}
+_TENANT = operator.attrgetter("tenant")
 
 
 def register(cls: type[Any]) -> type[Any]:
