@@ -23,6 +23,7 @@ from analyzer.context import (
 )
 from analyzer.load import Bucket, CgroupBucket, GpuInfo, TenantBucket
 from analyzer.recommendations import quantile, quantiles
+from analyzer.recommendations.forward import DAY, Forecast, _scored, flat_trend, slot_of
 from analyzer.reference import PowerRef
 from analyzer.summary import _means
 from analyzer.thresholds import Thresholds
@@ -227,3 +228,26 @@ def test_time_columns_find_each_start_as_a_dict_would(held: list[int], asked: li
     for t, got in zip(asked, cores, strict=True):
         want = by_time.get(t * STEP)
         assert (got == want.cpu_cores) if want is not None else np.isnan(got)
+
+
+@given(
+    st.lists(st.integers(0, 2 * 288), min_size=1, max_size=60, unique=True),
+    st.lists(st.sampled_from([0.0, 0.4, 1.0, 3.0]), min_size=60, max_size=60),
+    st.lists(st.sampled_from([0.0, 0.5, 2.0]), min_size=24, max_size=24),
+    st.integers(0, 2 * 288),
+)
+def test_backtest_scores_are_the_loops(
+    steps: list[int], demand: list[float], upper: list[float], end_step: int
+) -> None:
+    """Each interval's demand over its hour's bound (infinite over a zero bound, unless no
+    demand), up to the first time past the horizon: the per-interval loop, on columns."""
+    times = [s * STEP for s in sorted(steps)]
+    demand = demand[: len(times)]
+    fc = Forecast(flat_trend(1.0, 0.0), DAY, (0.0, end_step * STEP), tuple(upper))
+    want = []
+    for t, d in zip(times, demand, strict=True):
+        if t >= end_step * STEP:
+            break
+        u = fc.upper[slot_of(t, DAY)]
+        want.append(d / u if u > 0 else (math.inf if d > 0 else 0.0))
+    assert _scored(times, demand, fc, end_step * STEP) == want

@@ -125,13 +125,14 @@ def demand_curve(
 def last_held(data: FleetData, service: Service) -> float | None:
     """The end of the service's last bucket with memory held on any of its GPUs (epoch
     seconds); ``None`` when none held any."""
-    ends = [
-        b.start + data.bucket_seconds
-        for gpu in service.gpus
-        for b in data.buckets.get(gpu.uuid, ())
-        if (b.memory_bytes or 0.0) > 0.0
-    ]
-    return max(ends) if ends else None
+    last: float | None = None
+    for gpu in service.gpus:
+        buckets = data.buckets.get(gpu.uuid, ())
+        held = column(buckets, "start")[column(buckets, "memory_bytes") > 0.0]  # NaN: not held
+        if len(held):
+            end = float(held.max()) + data.bucket_seconds
+            last = end if last is None else max(last, end)
+    return last
 
 
 #: A model is resident once its GPU holds this share of the memory it holds at its median.

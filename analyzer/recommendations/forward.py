@@ -328,6 +328,21 @@ class Backtest:
     intervals: int
 
 
+def _scored(
+    times: Sequence[float], demand: Sequence[float], fc: Forecast, end: float
+) -> list[float]:
+    """Demand over the forecast's bound at each of ``times`` before ``end`` (infinite where the
+    bound is 0 and demand is not): :func:`slot_of`'s arithmetic and the division, on columns."""
+    at = np.asarray(times, dtype=np.float64)
+    past = np.flatnonzero(at >= end)  # scored up to the first time past the horizon
+    n = int(past[0]) if len(past) else len(at)
+    d = np.asarray(demand[:n], dtype=np.float64)
+    u = np.asarray(fc.upper, dtype=np.float64)[slots_of(at[:n], fc.period_seconds)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scored: list[float] = np.where(u > 0, d / u, np.where(d > 0, math.inf, 0.0)).tolist()
+    return scored
+
+
 def backtest_headroom(
     times: Sequence[float],
     demand: Sequence[float],
@@ -353,11 +368,7 @@ def backtest_headroom(
             times[:k], demand[:k], q, period_for(cut - t0), horizon, half_life_seconds
         )
         origins += 1
-        for t, d in zip(times[k:], demand[k:], strict=True):
-            if t >= horizon[1]:
-                break
-            u = fc.upper[slot_of(t, fc.period_seconds)]
-            ratios.append(d / u if u > 0 else (math.inf if d > 0 else 0.0))
+        ratios.extend(_scored(times[k:], demand[k:], fc, horizon[1]))
     if not ratios:
         return None
     needed = quantile(ratios, q) - 1.0
