@@ -178,10 +178,13 @@ def quantile(values: list[float], q: float, weights: list[float] | None = None) 
     """The (weighted) ``q`` quantile: the smallest value whose cumulative weight reaches ``q``."""
     if not values:
         return 0.0
-    weights = weights or [1.0] * len(values)
+    v = np.asarray(values, dtype=np.float64)
+    if not weights:  # unweighted (power's limits and peaks: every bucket of a class)
+        # n ones sum to n exactly, and their running sums are the counts: no list of ones
+        return values[_quantile_positions(v, np.ones(len(v)), float(len(v)), (q,))[0]]
     if len(weights) != len(values):
         raise ValueError("quantile: values and weights differ in length")
-    v, w = np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
     return values[_quantile_positions(v, w, sum(weights), (q,))[0]]
 
 
