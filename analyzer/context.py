@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import itertools
 import operator
 import statistics
 import weakref
@@ -23,6 +22,7 @@ import numpy.typing as npt
 from analyzer.classify import CLASSES, GpuVerdict, class_at
 from analyzer.load import Bucket, CgroupBucket, FleetData, GpuInfo, HostBucket, TenantBucket
 from analyzer.reference import PowerRef, computed, held, references
+from analyzer.reference import column as _column  # the one reading of a field as floats
 from analyzer.thresholds import Thresholds
 
 GIB = float(1 << 30)
@@ -63,10 +63,6 @@ def column(buckets: Sequence[Bucket], name: str) -> Floats:
     if view is not None and view.buckets is buckets:
         return view.col(name)
     return _column(buckets, name)
-
-
-def _column(buckets: Sequence[Bucket], name: str) -> Floats:
-    return np.array(list(map(operator.itemgetter(Bucket._fields.index(name)), buckets)), float)
 
 
 def class_codes(verdict: GpuVerdict | None, starts: Floats) -> Ints:
@@ -359,11 +355,20 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
 
 def by_start(tenancy: Sequence[TenantBucket]) -> dict[float, tuple[TenantBucket, ...]]:
     """A GPU's tenant buckets grouped by start, starts in first-seen order. The loader gives
-    them in time order, so the groups are runs (one ``groupby`` in C, not an append per
-    tenant bucket); in any other order, grouped one by one."""
+    them in time order, so the groups are runs, cut where the start changes (slices of the
+    tuple; where every start has one holder, each its own 1-tuple, built in C); in any other
+    order, grouped one by one."""
+    if not tenancy:
+        return {}
     starts = np.fromiter(map(_START, tenancy), np.float64, len(tenancy))
     if np.all(starts[1:] >= starts[:-1]):
-        return {t: tuple(run) for t, run in itertools.groupby(tenancy, _START)}
+        edges = np.flatnonzero(starts[1:] != starts[:-1]) + 1
+        if len(edges) == len(tenancy) - 1:  # one holder a start (most GPUs): no run to cut
+            return dict(zip(starts.tolist(), zip(tenancy, strict=True), strict=True))
+        firsts = [0, *edges.tolist()]
+        ends = [*firsts[1:], len(tenancy)]
+        keys = starts[firsts].tolist()
+        return {t: tuple(tenancy[i:j]) for t, i, j in zip(keys, firsts, ends, strict=True)}
     grouped: dict[float, list[TenantBucket]] = {}
     for tb in tenancy:
         grouped.setdefault(tb.start, []).append(tb)

@@ -29,6 +29,7 @@ The rules, with the thresholds they use:
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections import Counter
 from typing import Any
 
@@ -69,11 +70,14 @@ def choose(declarations: tuple[Declared, ...]) -> Declared | None:
     return min(same, key=lambda d: _SOURCE_ORDER.get(d.source, 99))
 
 
+_TENANT = operator.attrgetter("tenant")
+
+
 def main_tenants(data: FleetData) -> dict[str, str]:
     """uuid -> the tenant present on the GPU in the most buckets (ties by name)."""
     out = {}
     for uuid, buckets in data.tenancy.items():
-        counts = Counter(tb.tenant for tb in buckets)
+        counts = Counter(map(_TENANT, buckets))
         if counts:
             out[uuid] = max(counts, key=lambda t: (counts[t], t))
     return out
@@ -137,9 +141,15 @@ def to_json(found: tuple[str, Declared] | None) -> dict[str, Any] | None:
 # -- combining ------------------------------------------------------------------------------------
 
 
-def combine(data: FleetData, verdicts: list[GpuVerdict]) -> list[GpuVerdict]:
-    """The verdicts with declared intent weighed in (the module's rules)."""
-    declared = by_gpu(data)
+def combine(
+    data: FleetData,
+    verdicts: list[GpuVerdict],
+    declared: dict[str, tuple[str, Declared]] | None = None,
+) -> list[GpuVerdict]:
+    """The verdicts with declared intent weighed in (the module's rules); ``declared``:
+    :func:`by_gpu` of ``data`` where the caller has it already (a walk over every tenant
+    bucket of the fleet)."""
+    declared = by_gpu(data) if declared is None else declared
     return [
         _weigh(v, *declared[v.info.uuid], data) if v.info.uuid in declared else v for v in verdicts
     ]

@@ -45,7 +45,8 @@ def column(buckets: Sequence[Bucket], name: str) -> Floats:
     """One field of ``buckets`` as floats, NaN where it was not reported (``None``): the
     per-bucket measures read a GPU's fields once, as arrays (issue #25)."""
     values = list(map(operator.itemgetter(Bucket._fields.index(name)), buckets))
-    if values.count(None) == len(values):  # never reported (NVLink on most boards): at once
+    # never reported (NVLink on most boards): at once; a first value reported skips the count
+    if (not values or values[0] is None) and values.count(None) == len(values):
         return np.full(len(values), np.nan)
     return np.array(values, dtype=np.float64)
 

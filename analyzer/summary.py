@@ -9,6 +9,7 @@ activity, per class); per-node figures; and data coverage (missing fields, gaps,
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -277,11 +278,13 @@ _SPARKLINE_FIELDS = ("util", "power_watts", "memory_bytes")
 def _means(values: Floats, step: int) -> list[float | None]:
     """The mean of each run of ``step`` values, not counting NaN (not reported); ``None`` for
     a run with none (:func:`statistics.fmean`: :func:`math.fsum` over the count)."""
+    plain = values.tolist()  # runs of a few values: list slices beat array calls per run
+    gaps = bool(np.isnan(values).any())  # most series report every bucket: nothing to drop
     out: list[float | None] = []
-    for i in range(0, len(values), step):
-        reported = values[i : i + step]
-        reported = reported[~np.isnan(reported)]
-        out.append(math.fsum(reported.tolist()) / len(reported) if len(reported) else None)
+    for i in range(0, len(plain), step):
+        run = plain[i : i + step]
+        reported = list(itertools.filterfalse(math.isnan, run)) if gaps else run
+        out.append(math.fsum(reported) / len(reported) if reported else None)
     return out
 
 

@@ -4,6 +4,9 @@ and the ordered sum gives the float a loop of ``+=`` gives."""
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,8 +22,10 @@ from analyzer.context import (
     running_sum,
 )
 from analyzer.load import Bucket, CgroupBucket, GpuInfo, TenantBucket
-from analyzer.recommendations import quantile
+from analyzer.recommendations import quantile, quantiles
+from analyzer.recommendations.forward import DAY, Forecast, _scored, flat_trend, slot_of
 from analyzer.reference import PowerRef
+from analyzer.summary import _means
 from analyzer.thresholds import Thresholds
 
 STEP = 300.0
@@ -168,9 +173,41 @@ def test_quantile_is_the_sorted_loop(
     assert quantile(values, q, weights) == _quantile_loop(values, q, weights)
 
 
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0]), st.floats(0.01, 5.0)), min_size=1
+    ),
+    st.sampled_from([0.0, 0.5, 0.95, 0.99, 1.0]),
+)
+def test_quantiles_sorted_once_are_each_quantile(
+    pairs: list[tuple[float, float]], q: float
+) -> None:
+    """The forecasts' slot quantile and median from one sort are :func:`quantile`'s, each."""
+    values = [v for v, _ in pairs]
+    weights = [w for _, w in pairs]
+    got = quantiles(np.array(values), np.array(weights), (q, 0.5))
+    assert got == [quantile(values, q, weights), quantile(values, 0.5, weights)]
+
+
+@given(
+    st.lists(st.one_of(st.just(math.nan), st.floats(0.0, 1e12)), max_size=60),
+    st.integers(1, 9),
+)
+def test_sparkline_means_are_each_runs_fmean(values: list[float], step: int) -> None:
+    """A finding's series: the exact mean (fmean) of each run's reported values, None where a
+    run reported nothing."""
+    runs = [values[i : i + step] for i in range(0, len(values), step)]
+    want = [
+        statistics.fmean(r) if r else None
+        for r in ([x for x in r if not math.isnan(x)] for r in runs)
+    ]
+    assert _means(np.array(values, dtype=np.float64), step) == want
+
+
 @given(st.lists(st.tuples(st.integers(0, 6), st.sampled_from(["a", "b", "c"])), max_size=30))
 def test_tenant_buckets_group_by_start_in_any_order(drawn: list[tuple[int, str]]) -> None:
-    """The loader's time order takes one groupby; any other order gives the same groups."""
+    """The loader's time order is cut into runs where the start changes (a run per start when
+    each has one holder); any other order gives the same groups."""
     tenancy = [TenantBucket(t * STEP, name, 1.0, None) for t, name in drawn]
     want: dict[float, list[TenantBucket]] = {}
     for tb in tenancy:
@@ -191,3 +228,26 @@ def test_time_columns_find_each_start_as_a_dict_would(held: list[int], asked: li
     for t, got in zip(asked, cores, strict=True):
         want = by_time.get(t * STEP)
         assert (got == want.cpu_cores) if want is not None else np.isnan(got)
+
+
+@given(
+    st.lists(st.integers(0, 2 * 288), min_size=1, max_size=60, unique=True),
+    st.lists(st.sampled_from([0.0, 0.4, 1.0, 3.0]), min_size=60, max_size=60),
+    st.lists(st.sampled_from([0.0, 0.5, 2.0]), min_size=24, max_size=24),
+    st.integers(0, 2 * 288),
+)
+def test_backtest_scores_are_the_loops(
+    steps: list[int], demand: list[float], upper: list[float], end_step: int
+) -> None:
+    """Each interval's demand over its hour's bound (infinite over a zero bound, unless no
+    demand), up to the first time past the horizon: the per-interval loop, on columns."""
+    times = [s * STEP for s in sorted(steps)]
+    demand = demand[: len(times)]
+    fc = Forecast(flat_trend(1.0, 0.0), DAY, (0.0, end_step * STEP), tuple(upper))
+    want = []
+    for t, d in zip(times, demand, strict=True):
+        if t >= end_step * STEP:
+            break
+        u = fc.upper[slot_of(t, DAY)]
+        want.append(d / u if u > 0 else (math.inf if d > 0 else 0.0))
+    assert _scored(times, demand, fc, end_step * STEP) == want

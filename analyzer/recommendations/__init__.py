@@ -10,6 +10,8 @@ rather than guessing. Strategies run in registry order and may read what earlier
 from __future__ import annotations
 
 import math
+import operator
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -17,7 +19,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from analyzer.classify import GpuVerdict
-from analyzer.context import Finding
+from analyzer.context import Finding, Floats
 from analyzer.load import FleetData
 
 
@@ -54,6 +56,22 @@ class Inputs:
     verdicts: list[GpuVerdict]
     findings: tuple[Finding, ...]
     earlier: list[Recommendation] = field(default_factory=list)
+    _tenant_counts: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def tenant_counts(self, uuid: str) -> Counter[str]:
+        """The tenants on the GPU and the buckets each held, as first seen (shared: read
+        only). Counted once per GPU for every strategy that asks: four of them each walked
+        the tenancy of the GPUs they read (services twice)."""
+        known = self._tenant_counts.get(uuid)
+        if known is None:
+            tenancy = self.data.tenancy.get(uuid, ())
+            known = self._tenant_counts[uuid] = Counter(map(_TENANT, tenancy))
+        return known
+
+    def main_tenant(self, uuid: str) -> str | None:
+        """The tenant on the GPU in the most buckets (a tie: the name that sorts last)."""
+        counts = self.tenant_counts(uuid)
+        return max(counts, key=lambda t: (counts[t], t)) if counts else None
 
     @property
     def history_days(self) -> float:
@@ -67,6 +85,7 @@ class Strategy(Protocol):
 
 
 REGISTRY: dict[str, Callable[[], Strategy]] = {}
+_TENANT = operator.attrgetter("tenant")
 
 
 def register(cls: type[Any]) -> type[Any]:
@@ -159,12 +178,29 @@ def quantile(values: list[float], q: float, weights: list[float] | None = None) 
     """The (weighted) ``q`` quantile: the smallest value whose cumulative weight reaches ``q``."""
     if not values:
         return 0.0
-    weights = weights or [1.0] * len(values)
+    v = np.asarray(values, dtype=np.float64)
+    if not weights:  # unweighted (power's limits and peaks: every bucket of a class)
+        # n ones sum to n exactly, and their running sums are the counts: no list of ones
+        return values[_quantile_positions(v, np.ones(len(v)), float(len(v)), (q,))[0]]
     if len(weights) != len(values):
         raise ValueError("quantile: values and weights differ in length")
-    v, w = np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    return values[_quantile_positions(v, w, sum(weights), (q,))[0]]
+
+
+def quantiles(values: Floats, weights: Floats, qs: tuple[float, ...]) -> list[float]:
+    """:func:`quantile` of one sample at each of ``qs`` (non-empty columns), sorted once: the
+    forecasts ask each slot for its upper quantile and its median."""
+    positions = _quantile_positions(values, weights, sum(weights.tolist()), qs)
+    return [float(values[i]) for i in positions]
+
+
+def _quantile_positions(v: Floats, w: Floats, total: float, qs: tuple[float, ...]) -> list[int]:
+    """The position in ``v`` of each ``q`` quantile (``total``: the weights' sum, in order)."""
     order = np.lexsort((w, v))  # by value, then weight: as sorted() orders the pairs
-    total = sum(weights)
     running = np.cumsum(w[order])  # sequential, as a loop of +=
-    reached = np.flatnonzero(running >= q * total - 1e-12)
-    return values[int(order[reached[0]] if len(reached) else order[-1])]
+    out = []
+    for q in qs:
+        reached = np.flatnonzero(running >= q * total - 1e-12)
+        out.append(int(order[reached[0]] if len(reached) else order[-1]))
+    return out

@@ -15,7 +15,9 @@ import operator
 import re
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -48,16 +50,21 @@ def service_name(tenant: str) -> str:
 _TENANT = operator.attrgetter("tenant")
 
 
-def services(data: FleetData, verdicts: list[GpuVerdict]) -> list[Service]:
-    """Inference services: GPUs whose overall class is inference, grouped by their tenant."""
+def services(
+    data: FleetData,
+    verdicts: list[GpuVerdict],
+    main_tenant: Callable[[str], str | None] | None = None,
+) -> list[Service]:
+    """Inference services: GPUs whose overall class is inference, grouped by their tenant
+    (``main_tenant``: uuid -> the tenant in most of its buckets, as
+    :meth:`analyzer.recommendations.Inputs.main_tenant`, which counts each GPU once)."""
     groups: dict[str, list[GpuInfo]] = {}
     commands: dict[str, str] = {}
     for v in verdicts:
         if v.gpu_class != "inference":
             continue
-        tenants = Counter(map(_TENANT, data.tenancy.get(v.info.uuid, ())))
-        if tenants:
-            tenant = max(tenants, key=lambda t: (tenants[t], t))
+        tenant = (main_tenant or partial(_main_tenant, data))(v.info.uuid)
+        if tenant is not None:
             name = service_name(tenant)
             commands[name] = data.tenants[tenant].command if tenant in data.tenants else ""
         else:
@@ -69,6 +76,11 @@ def services(data: FleetData, verdicts: list[GpuVerdict]) -> list[Service]:
         tp = int(match.group(1)) if match else 1
         out.append(Service(name, tuple(gpus), max(tp, 1), commands.get(name, "")))
     return out
+
+
+def _main_tenant(data: FleetData, uuid: str) -> str | None:
+    tenants = Counter(map(_TENANT, data.tenancy.get(uuid, ())))
+    return max(tenants, key=lambda t: (tenants[t], t)) if tenants else None
 
 
 def busy(buckets: tuple[Bucket, ...]) -> list[float | None]:
@@ -113,13 +125,14 @@ def demand_curve(
 def last_held(data: FleetData, service: Service) -> float | None:
     """The end of the service's last bucket with memory held on any of its GPUs (epoch
     seconds); ``None`` when none held any."""
-    ends = [
-        b.start + data.bucket_seconds
-        for gpu in service.gpus
-        for b in data.buckets.get(gpu.uuid, ())
-        if (b.memory_bytes or 0.0) > 0.0
-    ]
-    return max(ends) if ends else None
+    last: float | None = None
+    for gpu in service.gpus:
+        buckets = data.buckets.get(gpu.uuid, ())
+        held = column(buckets, "start")[column(buckets, "memory_bytes") > 0.0]  # NaN: not held
+        if len(held):
+            end = float(held.max()) + data.bucket_seconds
+            last = end if last is None else max(last, end)
+    return last
 
 
 #: A model is resident once its GPU holds this share of the memory it holds at its median.

@@ -35,9 +35,9 @@ from statistics import NormalDist
 
 import numpy as np
 
-from analyzer.context import Floats, Ints, first_seen, running_sum
+from analyzer.context import Floats, Ints, running_sum
 from analyzer.forecast import theil_sen
-from analyzer.recommendations import quantile
+from analyzer.recommendations import quantile, quantiles
 
 DAY = 86400
 WEEK = 7 * DAY
@@ -289,14 +289,16 @@ def _slot_ratios(
     level; a slot never seen takes the largest quantile of the others."""
     newest = max(times)
     at = np.asarray(times, dtype=np.float64)
-    ratios = (np.asarray(demand, dtype=np.float64) / trend.levels(at)).tolist()
-    weights = [0.5**age for age in ((newest - at) / half_life_seconds).tolist()]
+    ratios = np.asarray(demand, dtype=np.float64) / trend.levels(at)
+    # Python's ** per time, not np.power: the same floats as ever, to the last digit.
+    weights = np.array([0.5**age for age in ((newest - at) / half_life_seconds).tolist()])
     slots = slots_of(at, period_seconds)
+    order = np.argsort(slots, kind="stable")  # each slot's times, in time order
+    cuts = np.flatnonzero(np.diff(slots[order])) + 1
     stats = {}
-    for key in first_seen(slots):  # each slot's values in time order
-        mine = np.flatnonzero(slots == key).tolist()
-        v, w = [ratios[i] for i in mine], [weights[i] for i in mine]
-        stats[key] = (quantile(v, q, w), quantile(v, 0.5, w))
+    for mine in np.split(order, cuts):
+        high, median = quantiles(ratios[mine], weights[mine], (q, 0.5))
+        stats[int(slots[mine[0]])] = (high, median)
     fallback = max(stats.values())
     return [stats.get(s, fallback) for s in range(period_seconds // 3600)]
 
@@ -326,6 +328,21 @@ class Backtest:
     intervals: int
 
 
+def _scored(
+    times: Sequence[float], demand: Sequence[float], fc: Forecast, end: float
+) -> list[float]:
+    """Demand over the forecast's bound at each of ``times`` before ``end`` (infinite where the
+    bound is 0 and demand is not): :func:`slot_of`'s arithmetic and the division, on columns."""
+    at = np.asarray(times, dtype=np.float64)
+    past = np.flatnonzero(at >= end)  # scored up to the first time past the horizon
+    n = int(past[0]) if len(past) else len(at)
+    d = np.asarray(demand[:n], dtype=np.float64)
+    u = np.asarray(fc.upper, dtype=np.float64)[slots_of(at[:n], fc.period_seconds)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scored: list[float] = np.where(u > 0, d / u, np.where(d > 0, math.inf, 0.0)).tolist()
+    return scored
+
+
 def backtest_headroom(
     times: Sequence[float],
     demand: Sequence[float],
@@ -351,11 +368,7 @@ def backtest_headroom(
             times[:k], demand[:k], q, period_for(cut - t0), horizon, half_life_seconds
         )
         origins += 1
-        for t, d in zip(times[k:], demand[k:], strict=True):
-            if t >= horizon[1]:
-                break
-            u = fc.upper[slot_of(t, fc.period_seconds)]
-            ratios.append(d / u if u > 0 else (math.inf if d > 0 else 0.0))
+        ratios.extend(_scored(times[k:], demand[k:], fc, horizon[1]))
     if not ratios:
         return None
     needed = quantile(ratios, q) - 1.0

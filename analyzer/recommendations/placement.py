@@ -17,6 +17,7 @@ the most room; when that takes fewer nodes than it spans now, the move is recomm
 
 from __future__ import annotations
 
+import operator
 import statistics
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -191,10 +192,19 @@ def _held_at(inputs: Inputs, names: set[str]) -> dict[str, dict[str, list[float]
     the tenancy's order): one walk over the tenancy for all jobs, not one per job."""
     out: dict[str, dict[str, list[float]]] = {}
     for uuid, tbs in inputs.data.tenancy.items():
-        for tb in tbs:
-            if tb.tenant in names:
-                out.setdefault(tb.tenant, {}).setdefault(uuid, []).append(tb.start)
+        if names.isdisjoint(map(_TENANT, tbs)):  # most GPUs: none of the jobs (in C)
+            continue
+        tenants = list(map(_TENANT, tbs))
+        starts = list(map(_START, tbs))
+        for name in dict.fromkeys(tenants):  # as first met, as one walk would meet them
+            if name in names:
+                mine = [t for t, n in zip(starts, tenants, strict=True) if n == name]
+                out.setdefault(name, {})[uuid] = mine
     return out
+
+
+_TENANT = operator.attrgetter("tenant")
+_START = operator.attrgetter("start")
 
 
 def _jobs(inputs: Inputs) -> list[_Job]:

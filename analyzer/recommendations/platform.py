@@ -10,7 +10,6 @@ peaks that exceed the reservation priced as cloud burst when they are rare.
 
 from __future__ import annotations
 
-import operator
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -22,7 +21,6 @@ from analyzer.context import column
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, register
 
 GIB = float(1 << 30)
-_TENANT = operator.attrgetter("tenant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +65,7 @@ class PlatformStrategy:
                 if mem:
                     entry["memory"].append(statistics.median(mem) / GIB)  # type: ignore[attr-defined]
             idle += int(np.count_nonzero(~held)) * hours  # nothing held: batch could fill
-            names = Counter(map(_TENANT, data.tenancy.get(v.info.uuid, ())))
+            names = inputs.tenant_counts(v.info.uuid)
             tenants_by_class.setdefault(v.gpu_class, Counter()).update(names.keys())
         for cls, entry in out.items():
             tenants = tenants_by_class.get(cls, Counter())

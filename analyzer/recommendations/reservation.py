@@ -397,7 +397,7 @@ class ReservationStrategy:
                 f"{inputs.history_days:.1f} days of history; a reservation needs at least "
                 f"{s.min_history_days:g} (a daily cycle seen more than twice)",
             )
-        found = services(inputs.data, inputs.verdicts)
+        found = services(inputs.data, inputs.verdicts, inputs.main_tenant)
         if not found:
             return NotEnoughData(self.kind, "no GPU was classified as online inference")
         # Nothing is reserved for work that ended before the window's last day (issue 24: the

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import operator
 import statistics
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,8 +222,7 @@ def _multi_gpu_tenants(inputs: Inputs) -> set[str]:
 
 
 def _main_tenant(inputs: Inputs, v: GpuVerdict) -> str | None:
-    counts = Counter(map(_TENANT, inputs.data.tenancy.get(v.info.uuid, ())))
-    return max(counts, key=lambda t: (counts[t], t)) if counts else None
+    return inputs.main_tenant(v.info.uuid)
 
 
 def _command(inputs: Inputs, v: GpuVerdict) -> str:

@@ -20,7 +20,6 @@ for real pool occupancy (Helios virtual clusters: running and pending GPUs per m
 from __future__ import annotations
 
 import math
-import operator
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -277,14 +276,11 @@ def _classes_over_time(inputs: Inputs) -> dict[float, Counter[str]]:
 def _inference_demand(inputs: Inputs) -> dict[float, float]:
     target = ReservationSettings().target_util
     total: dict[float, float] = {}
-    for service in services(inputs.data, inputs.verdicts):
+    for service in services(inputs.data, inputs.verdicts, inputs.main_tenant):
         times, demand = demand_curve(inputs.data, service, target)
         for t, d in zip(times, demand, strict=True):
             total[t] = total.get(t, 0.0) + d
     return total
-
-
-_TENANT = operator.attrgetter("tenant")
 
 
 def _preemptible(inputs: Inputs) -> list[tuple[str, float]]:
@@ -298,12 +294,8 @@ def _preemptible(inputs: Inputs) -> list[tuple[str, float]]:
     for v in inputs.verdicts:
         if v.gpu_class != "training":
             continue
-        tenants = Counter(map(_TENANT, inputs.data.tenancy.get(v.info.uuid, ())))
-        name = (
-            max(tenants, key=lambda t: (tenants[t], t))
-            if tenants
-            else f"{v.info.node}/{v.info.gpu_index}"
-        )
+        main = inputs.main_tenant(v.info.uuid)
+        name = main if main is not None else f"{v.info.node}/{v.info.gpu_index}"
         if name in out:
             continue
         found = cycle(list(inputs.data.buckets.get(v.info.uuid, ())), inputs.data.bucket_seconds)
