@@ -20,7 +20,7 @@ from analyzer.owners import account
 from analyzer.prices import Accounting
 from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
-from analyzer.stages import Progress, detect, load_and_classify_staged, no_progress
+from analyzer.stages import Progress, Staged, detect, load_and_classify_staged, no_progress
 from analyzer.summary import sparkline, summarize, top_actions
 from analyzer.thresholds import Thresholds
 from analyzer.window import Window, parse_duration, parse_window
@@ -70,7 +70,9 @@ def analyze(
         progress,
     )
     with frozen_heap():
-        return _document(data, observed, paths, asked, since, thresholds, accounting, progress)
+        return _document(
+            data, observed, staged, paths, asked, since, thresholds, accounting, progress
+        )
 
 
 @contextlib.contextmanager
@@ -90,6 +92,7 @@ def frozen_heap() -> Iterator[None]:
 def _document(
     data: FleetData,
     observed: list[GpuVerdict],
+    staged: Staged | None,
     paths: list[Input],
     asked: Window,
     since: str,
@@ -97,7 +100,9 @@ def _document(
     accounting: Accounting | None,
     progress: Progress,
 ) -> dict[str, Any]:
-    """The document from the loaded, classified fleet: findings, recommendations, books."""
+    """The document from the loaded, classified fleet (``staged``: where its batches are, for
+    the detectors' Map E; ``None`` when it was read in this process): findings,
+    recommendations, books."""
     intents = declared.by_gpu(data)  # what each GPU's main workload declares (once)
     verdicts = declared.combine(data, observed, intents)  # declared beside observed
     ctx = context(data, verdicts, thresholds or Thresholds())  # one for detectors and owners
