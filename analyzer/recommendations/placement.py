@@ -110,7 +110,10 @@ class PlacementStrategy:
         target = pack(job.gpus_by_node, room)
         if target is None or len(target) >= len(job.gpus_by_node):
             return None
-        recovered = self.model.recovered_ratio * job.scale_out_gpu_hours
+        # The text's figures from the document's (to_json rounds to 3 places): formatting the
+        # unrounded value put 18.5496 in the text as 18.5 beside a field of 18.55 (read as 18.6).
+        scale_out = round(job.scale_out_gpu_hours, 3)
+        recovered = round(self.model.recovered_ratio * job.scale_out_gpu_hours, 3)
         gpus = sum(job.gpus_by_node.values())
         where = (
             f"one server ({target[0]}, one NVLink domain)"
@@ -123,14 +126,14 @@ class PlacementStrategy:
             kind=self.kind,
             summary=(
                 f"Pack {job.name} ({gpus} GPUs on {len(job.gpus_by_node)} servers) onto {where}: "
-                f"it waited {job.scale_out_gpu_hours:.1f} GPU-hours on communication and the "
+                f"it waited {scale_out:.1f} GPU-hours on communication and the "
                 f"network, and packing is expected to recover {recovered:.1f} GPU-hours a "
                 "window like this one."
             ),
             evidence=(
                 f"{job.name} runs on {spread}",
                 f"measured waiting: {job.waiting_gpu_hours:.1f} GPU-h, of which "
-                f"{job.scale_out_gpu_hours:.1f} on communication or the network "
+                f"{scale_out:.1f} on communication or the network "
                 f"({share:.0%} of its {job.held_gpu_hours:.0f} held GPU-h)",
                 f"packing recovers {self.model.recovered_ratio:.0%} of scale-out waiting "
                 f"({self.model.source}; bench/placement.py)",
@@ -152,7 +155,7 @@ class PlacementStrategy:
                 ("job", job.name),
                 ("nodes", sorted(job.gpus_by_node)),
                 ("target_nodes", target),
-                ("scale_out_waiting_gpu_hours", job.scale_out_gpu_hours),
+                ("scale_out_waiting_gpu_hours", scale_out),
                 ("expected_recovery_gpu_hours", recovered),
             ),
         )
