@@ -50,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer import calibration, mig
-from analyzer.load import Bucket, FleetData, GpuInfo
+from analyzer.load import Bucket, BucketRun, FleetData, GpuInfo
 from analyzer.lockstep import (
     Lockstep,
     LockstepCandidate,
@@ -219,7 +219,7 @@ class _Span:
 
     gpu: GpuInfo
     ref: PowerRef
-    buckets: list[Bucket]
+    buckets: Sequence[Bucket]  # a slice of its GPU's run (analyzer.runs.BucketRun)
     occupied: bool
     #: Starts where memory jumped to a new plateau (a new workload on a held GPU).
     plateau: bool = False
@@ -231,11 +231,19 @@ class _Span:
 
     @property
     def start(self) -> float:
-        return self.buckets[0].start
+        return _start_at(self.buckets, 0)
 
     @property
     def end(self) -> float:
-        return self.buckets[-1].start
+        return _start_at(self.buckets, -1)
+
+
+def _start_at(buckets: Sequence[Bucket], i: int) -> float:
+    """The ``i``-th bucket's start: read from a run's column (no record built), else from the
+    record."""
+    if isinstance(buckets, BucketRun):
+        return float(buckets.starts[i])
+    return buckets[i].start
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +295,7 @@ def map_spans(
     refs = references(data, th, idle_watts, fields)
     spans: dict[str, list[_Span]] = {}
     for gpu in data.gpus:
-        buckets = list(data.buckets.get(gpu.uuid, ()))
+        buckets = data.buckets.get(gpu.uuid, ())
         cols = _columns(buckets, refs[gpu.uuid], th, fields.of(gpu.uuid))
         spans[gpu.uuid] = _segment(gpu, refs[gpu.uuid], buckets, cols, th)
     recurring = _recurrence(spans)
@@ -329,7 +337,7 @@ def finish(
     records = {u: r for b in batches for u, r in b.spans.items()}
     spans: dict[str, list[_Span]] = {}
     for gpu in data.gpus:
-        buckets = list(data.buckets.get(gpu.uuid, ()))
+        buckets = data.buckets.get(gpu.uuid, ())
         spans[gpu.uuid] = [
             _Span(gpu, refs[gpu.uuid], buckets[r.lo : r.hi], r.occupied, r.plateau, r.features)
             for r in records[gpu.uuid]
@@ -435,7 +443,7 @@ def _columns(
     on = np.where(reported, util_max > th.idle_util_ratio, by_power > 2 * th.idle_util_ratio)
     return _Columns(
         start=start,
-        samples=np.fromiter((b.samples for b in buckets), dtype=np.int64, count=len(buckets)),
+        samples=_samples(buckets),
         util=util,
         util_max=util_max,
         memory=read("memory_bytes"),
@@ -446,6 +454,13 @@ def _columns(
         on=on,
         hour=_hours_of_day(start),
     )
+
+
+def _samples(buckets: Sequence[Bucket]) -> Ints:
+    """Each bucket's sample count: a run's own column, else read bucket by bucket."""
+    if isinstance(buckets, BucketRun):
+        return buckets.ints("samples")
+    return np.fromiter((b.samples for b in buckets), dtype=np.int64, count=len(buckets))
 
 
 def _span_cols(span: _Span, th: Thresholds) -> _Columns:
@@ -471,7 +486,7 @@ _Piece = tuple[int, int, bool, bool]
 
 
 def _segment(
-    gpu: GpuInfo, ref: PowerRef, buckets: list[Bucket], cols: _Columns, th: Thresholds
+    gpu: GpuInfo, ref: PowerRef, buckets: Sequence[Bucket], cols: _Columns, th: Thresholds
 ) -> list[_Span]:
     """Split where the GPU becomes held or free, or its memory jumps to a new plateau."""
     occupied = _held(cols.memory, ref.memory_total_bytes, th) | cols.on
@@ -523,8 +538,8 @@ def _pieces(occupied: Mask, jump: Mask) -> list[_Piece]:
     return list(zip(starts, ends, held_, plateau, strict=True))
 
 
-def _step(buckets: list[Bucket]) -> float:
-    return buckets[1].start - buckets[0].start if len(buckets) > 1 else 1.0
+def _step(buckets: Sequence[Bucket]) -> float:
+    return _start_at(buckets, 1) - _start_at(buckets, 0) if len(buckets) > 1 else 1.0
 
 
 # -- features -------------------------------------------------------------------------------------

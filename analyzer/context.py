@@ -115,7 +115,7 @@ class GpuView:
     """One GPU's buckets, the tenants on it per bucket, and its classified segments."""
 
     info: GpuInfo
-    buckets: tuple[Bucket, ...]
+    buckets: Sequence[Bucket]  # a run of columns (analyzer.runs.BucketRun) from the loader
     tenants: dict[float, tuple[TenantBucket, ...]]
     verdict: GpuVerdict | None
     ref: PowerRef

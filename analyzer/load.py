@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, TypeVar
 import duckdb
 
 from analyzer import mig
+from analyzer.runs import Run
 from store import intent
 from store import storefile as sf
 from store.errors import BadInput
@@ -98,7 +99,9 @@ class Bucket(NamedTuple):
     """One GPU over one bucket: means unless named otherwise; ``None`` when not reported.
 
     An immutable tuple rather than a frozen dataclass: a fleet's week is millions of buckets
-    (1,024 GPUs x 2,016), and a tuple is built four times faster in the same memory."""
+    (1,024 GPUs x 2,016), and a tuple is built four times faster in the same memory. A GPU's
+    buckets travel as a :class:`BucketRun` (columns), and become these only for a reader that
+    walks them one by one."""
 
     start: float
     samples: int
@@ -115,6 +118,14 @@ class Bucket(NamedTuple):
     sm_clock_hertz: float | None = None
     #: Share of samples whose clock-event reasons include a power or thermal limit.
     throttled_ratio: float | None = None
+
+
+class BucketRun(Run[Bucket]):
+    """One GPU's buckets (:class:`Bucket`) in time order, as columns (:mod:`analyzer.runs`)."""
+
+    __slots__ = ()
+    RECORD = Bucket
+    WHOLE = frozenset({"samples", "up_samples"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +196,8 @@ class FleetData:
     window_end: float
     bucket_seconds: int
     gpus: tuple[GpuInfo, ...]
-    buckets: dict[str, tuple[Bucket, ...]]  # uuid -> buckets in time order
+    #: uuid -> its buckets in time order, as columns (records of any other sequence become one)
+    buckets: dict[str, BucketRun]
     hints: dict[str, tuple[str, ...]]  # uuid -> command names and lines seen on it
     sample_interval_seconds: float | None
     hosts: dict[str, tuple[HostBucket, ...]] = field(default_factory=dict)  # node -> buckets
@@ -201,11 +213,19 @@ class FleetData:
     #: oldest sample of all (:class:`Reach`).
     reach: Reach | None = None
 
+    def __post_init__(self) -> None:
+        """Buckets given as records (tests, callers that build them) become runs."""
+        if not all(isinstance(b, BucketRun) for b in self.buckets.values()):
+            runs = {u: BucketRun.coerce(b) for u, b in self.buckets.items()}
+            object.__setattr__(self, "buckets", runs)
+
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled with its per-bucket records as plain tuples, rebuilt on the other side: a
         NamedTuple pickles through ``copyreg``'s Python-level reduce, one call per bucket,
         which made sending a batch between processes (the pool and Ray engines) cost as much
-        as loading it (16 nodes of 8 GPUs for a week: 2.3-3 CPU-s and 31 MiB each way)."""
+        as loading it (16 nodes of 8 GPUs for a week: 2.3-3 CPU-s and 31 MiB each way). The
+        GPUs' buckets are runs of columns (:class:`analyzer.runs.BucketRun`), which pickle as
+        their arrays."""
         state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name in _BUCKETED:
             state[name] = {k: tuple(map(tuple, v)) for k, v in state[name].items()}
@@ -214,7 +234,6 @@ class FleetData:
 
 #: FleetData's fields of per-bucket records, and the record of each.
 _BUCKETED: dict[str, type[tuple[Any, ...]]] = {
-    "buckets": Bucket,
     "hosts": HostBucket,
     "tenancy": TenantBucket,
     "cgroups": CgroupBucket,
@@ -1208,15 +1227,7 @@ def _fetch_records(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetDat
             ).fetchall()
         ]
     )
-    raw: dict[str, tuple[Bucket, ...]] = {g.uuid: () for g in every}
-    for (uuid,), records in _runs(
-        con,
-        Bucket,
-        "SELECT uuid, count(*) FROM buckets GROUP BY uuid ORDER BY uuid",
-        "SELECT start, samples, ups, util, util_max, util_min, mem, mem_max, power, sm, "
-        "nvlink, tensor, clock, throttled FROM buckets ORDER BY uuid, start",
-    ):
-        raw[uuid] = records
+    raw = dict.fromkeys((g.uuid for g in every), _NO_BUCKETS) | _fetch_buckets(con)
     # MIG: instances are the GPUs; a partitioned parent only lends its power (analyzer.mig).
     folded, buckets = mig.fold(every, raw)
     gpus = tuple(folded)
@@ -1234,11 +1245,36 @@ def _fetch_records(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetDat
         window_end=plan.window_end,
         bucket_seconds=plan.bucket_seconds,
         gpus=gpus,
-        buckets={k: tuple(v) for k, v in buckets.items()},
+        buckets={k: BucketRun.coerce(v) for k, v in buckets.items()},
         hints={k: tuple(sorted(set(v))) for k, v in hints.items()},
         sample_interval_seconds=plan.sample_interval_seconds,
         declarations=_fetch_declarations(con),
     )
+
+
+#: The run of a GPU without buckets in the window (one object, as the empty tuple was).
+_NO_BUCKETS = BucketRun.of(())
+
+#: The materialized ``buckets`` table's columns as :class:`Bucket`'s fields.
+_BUCKET_COLUMNS = (
+    "start::DOUBLE AS start, samples::BIGINT AS samples, ups::BIGINT AS up_samples, "
+    "util::DOUBLE AS util, util_max::DOUBLE AS util_max, util_min::DOUBLE AS util_min, "
+    "mem::DOUBLE AS memory_bytes, mem_max::DOUBLE AS memory_max_bytes, "
+    "power::DOUBLE AS power_watts, sm::DOUBLE AS sm_active, "
+    "nvlink::DOUBLE AS nvlink_bytes_per_second, tensor::DOUBLE AS tensor_active, "
+    "clock::DOUBLE AS sm_clock_hertz, throttled::DOUBLE AS throttled_ratio"
+)
+
+
+def _fetch_buckets(con: duckdb.DuckDBPyConnection) -> dict[str, BucketRun]:
+    """Each GPU's buckets as a run of columns, from one ``fetchnumpy`` of the table sorted by
+    GPU and time, cut at each GPU's count: no Python step (nor object) per bucket, where
+    building the records took 1.1 CPU-s per 16 nodes of a week (issue #25)."""
+    keys = "SELECT uuid, count(*) FROM buckets GROUP BY uuid ORDER BY uuid"
+    counts = con.execute(keys).fetchall()
+    columns = con.execute(f"SELECT {_BUCKET_COLUMNS} FROM buckets ORDER BY uuid, start")
+    runs = BucketRun.split(columns.fetchnumpy(), [int(n) for _, n in counts])
+    return {str(uuid): run for (uuid, _), run in zip(counts, runs, strict=True)}
 
 
 def _runs(

@@ -67,13 +67,14 @@ def slices(profile: str | None) -> int | None:
 
 def fold(
     gpus: Sequence[GpuInfo], buckets: Mapping[str, Sequence[Bucket]]
-) -> tuple[list[GpuInfo], dict[str, list[Bucket]]]:
+) -> tuple[list[GpuInfo], dict[str, Sequence[Bucket]]]:
     """The GPUs to classify (partitioned parents dropped) and their buckets, with Ampere
-    instances given the parent's power where it is exactly theirs."""
+    instances given the parent's power where it is exactly theirs. Only an instance's buckets
+    are copied (to lists, changed in place); a whole GPU's are passed on as they came."""
     parents = {g.parent_uuid for g in gpus if g.parent_uuid}
     by_uuid = {g.uuid: g for g in gpus}
     out_gpus: list[GpuInfo] = []
-    out_buckets = {uuid: list(b) for uuid, b in buckets.items()}
+    out_buckets: dict[str, Sequence[Bucket]] = dict(buckets)
     for gpu in gpus:
         if gpu.uuid in parents and gpu.parent_uuid is None:
             continue
@@ -82,11 +83,13 @@ def fold(
     for parent_uuid in parents:
         parent = by_uuid.get(parent_uuid or "")
         children = [g for g in out_gpus if g.parent_uuid == parent_uuid]
+        copied = {g.uuid: list(out_buckets.get(g.uuid, ())) for g in children}
+        out_buckets.update(copied)
         # An instance's own power, if a source gave one, is its board's (dcgm-exporter repeats
         # the GPU's power on every MIG series): never the instance's evidence as such.
-        powerless = {g.uuid: _without_power(g, out_buckets[g.uuid]) for g in children}
-        if parent is not None and _needs_power(children, out_buckets):
-            apportioned = _apportion(parent, children, parent_buckets[parent.uuid], out_buckets)
+        powerless = {g.uuid: _without_power(g, copied[g.uuid]) for g in children}
+        if parent is not None and _needs_power(children, copied):
+            apportioned = _apportion(parent, children, parent_buckets[parent.uuid], copied)
             powerless.update(apportioned)
         out_gpus = [powerless.get(g.uuid, g) for g in out_gpus]
     return out_gpus, out_buckets

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from analyzer.load import Bucket, FleetData, GpuInfo
+from analyzer.load import Bucket, BucketRun, FleetData, GpuInfo
 from analyzer.thresholds import Thresholds
 
 GIB = float(1 << 30)
@@ -43,7 +43,10 @@ ColumnReader = Callable[[str, str], Floats]
 
 def column(buckets: Sequence[Bucket], name: str) -> Floats:
     """One field of ``buckets`` as floats, NaN where it was not reported (``None``): the
-    per-bucket measures read a GPU's fields once, as arrays (issue #25)."""
+    per-bucket measures read a GPU's fields once, as arrays (issue #25). A run of columns
+    (what the loader gives) hands over its own array, read-only: shared, never written."""
+    if isinstance(buckets, BucketRun):
+        return buckets.column(name)
     values = list(map(operator.itemgetter(Bucket._fields.index(name)), buckets))
     # never reported (NVLink on most boards): at once; a first value reported skips the count
     if (not values or values[0] is None) and values.count(None) == len(values):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,9 +137,9 @@ class _Gpu:
     verdict: GpuVerdict
     starts: Floats
     codes: Ints
-    buckets: tuple[Bucket, ...]
+    buckets: Sequence[Bucket]
 
-    def __init__(self, verdict: GpuVerdict, buckets: tuple[Bucket, ...]) -> None:
+    def __init__(self, verdict: GpuVerdict, buckets: Sequence[Bucket]) -> None:
         starts = column(buckets, "start")
         object.__setattr__(self, "verdict", verdict)
         object.__setattr__(self, "starts", starts)

@@ -1,6 +1,7 @@
 """A batch's FleetData crosses processes (Map A's result back to the driver, Map B's input out):
-it pickles with its per-bucket records as plain tuples and comes back equal, record types and
-int fields included, in this process and through the pool engine."""
+it pickles with its GPUs' buckets as runs of columns and its other per-bucket records as plain
+tuples, and comes back equal, record types and int fields included, in this process and through
+the pool engine."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from analyzer.engine import PoolEngine
 from analyzer.load import (
     Bucket,
+    BucketRun,
     CgroupBucket,
     FleetData,
     HostBucket,
@@ -54,7 +56,7 @@ def _records(data: FleetData) -> Iterator[tuple[type, object]]:
         (CgroupBucket, data.cgroups),
     ):
         for records in field.values():
-            assert isinstance(records, tuple)
+            assert isinstance(records, BucketRun if expected is Bucket else tuple)
             for record in records:
                 yield expected, record
 
@@ -70,7 +72,7 @@ def test_a_loaded_fleet_survives_pickle_with_its_record_types(data: FleetData) -
 
 def test_records_pickle_as_plain_tuples(data: FleetData) -> None:
     """No object built per record on unpickling (a NamedTuple's own reduce is one per bucket):
-    the records travel as tuples and are rebuilt together."""
+    the records travel as tuples and are rebuilt together, a GPU's buckets as one array."""
     blob = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
     built = sum(
         1 for op, _, _ in pickletools.genops(blob) if op.name in ("NEWOBJ", "NEWOBJ_EX", "REDUCE")
@@ -78,6 +80,15 @@ def test_records_pickle_as_plain_tuples(data: FleetData) -> None:
     records = sum(1 for _ in _records(data))
     assert records > 1000
     assert built < records / 10, f"{built} objects built for {records} records"
+
+
+def test_a_gpus_buckets_pickle_as_one_array_not_records(data: FleetData) -> None:
+    """A GPU's run pickles as its matrix: a few hundred bytes over its 8 bytes a field and
+    bucket, where records as tuples took about 500 bytes a bucket."""
+    for run in data.buckets.values():
+        blob = pickle.dumps(run, protocol=pickle.HIGHEST_PROTOCOL)
+        assert len(blob) < 8 * len(Bucket._fields) * len(run) + 600
+        assert pickle.loads(blob) == run
 
 
 def test_the_pool_engine_returns_the_batch_as_loaded(plan: WindowPlan, data: FleetData) -> None:

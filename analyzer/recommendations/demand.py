@@ -15,7 +15,7 @@ import operator
 import re
 import statistics
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -83,13 +83,13 @@ def _main_tenant(data: FleetData, uuid: str) -> str | None:
     return max(tenants, key=lambda t: (tenants[t], t)) if tenants else None
 
 
-def busy(buckets: tuple[Bucket, ...]) -> list[float | None]:
+def busy(buckets: Sequence[Bucket]) -> list[float | None]:
     """Each bucket's busy share of one GPU: SM activity relative to the GPU's own saturation
     (its 99th percentile) when reported in most buckets, else utilization."""
     return [None if math.isnan(x) else x for x in busy_column(buckets).tolist()]
 
 
-def busy_column(buckets: tuple[Bucket, ...]) -> Floats:
+def busy_column(buckets: Sequence[Bucket]) -> Floats:
     """:func:`busy` as a column (NaN: not reported)."""
     sm = column(buckets, "sm_active")
     reported = np.sort(sm[~np.isnan(sm)])
@@ -147,7 +147,7 @@ def cold_start_seconds(data: FleetData, service: Service) -> float | None:
     first sample counted the night, 540 min, as its cold start)."""
     best: float | None = None
     for gpu in service.gpus:
-        buckets = data.buckets.get(gpu.uuid, ())
+        buckets: Sequence[Bucket] = data.buckets.get(gpu.uuid, ())
         held = [b.memory_bytes for b in buckets if b.memory_bytes]
         if not held:
             continue
