@@ -23,6 +23,7 @@ from analyzer.classify import CLASSES, GpuVerdict, class_at
 from analyzer.load import Bucket, CgroupBucket, FleetData, GpuInfo, HostBucket, TenantBucket
 from analyzer.reference import PowerRef, computed, held, references
 from analyzer.reference import column as _column  # the one reading of a field as floats
+from analyzer.runs import Run
 from analyzer.thresholds import Thresholds
 
 GIB = float(1 << 30)
@@ -295,21 +296,24 @@ class Context:
 
 class TimeColumns:
     """Records with a ``start`` (host or cgroup buckets) as float columns in time order, NaN
-    where not reported; each column built on first use."""
+    where not reported; each column built on first use. A run of columns in time order (what
+    the loader gives) lends its own arrays."""
 
     def __init__(self, records: Sequence[HostBucket | CgroupBucket]) -> None:
         self._records = records
-        starts = np.array([r.start for r in records], dtype=np.float64)
+        starts = _floats(records, "start")
         # Stable: of two records with one start the later wins, as a dict by start would have.
-        self._order = np.argsort(starts, kind="stable")
-        self.starts = starts[self._order]
+        ordered = bool(np.all(starts[1:] >= starts[:-1]))
+        self._order = None if ordered else np.argsort(starts, kind="stable")
+        self.starts = starts if self._order is None else starts[self._order]
         self._columns: dict[str, Floats] = {}
 
     def col(self, name: str) -> Floats:
         known = self._columns.get(name)
         if known is None:
-            values = [getattr(r, name) for r in self._records]
-            known = self._columns[name] = np.array(values, dtype=np.float64)[self._order]
+            values = _floats(self._records, name)
+            known = values if self._order is None else values[self._order]
+            self._columns[name] = known
         return known
 
     def take(self, name: str, at: Ints) -> Floats:
@@ -328,6 +332,13 @@ class TimeColumns:
         return np.where(found, i, -1)
 
 
+def _floats(records: Sequence[HostBucket | CgroupBucket], name: str) -> Floats:
+    """Field ``name`` of ``records`` as floats (NaN: not reported): a run's own column."""
+    if isinstance(records, Run):
+        return records.column(name)
+    return np.array([getattr(r, name) for r in records], dtype=np.float64)
+
+
 def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds) -> Context:
     by_uuid = {v.info.uuid: v for v in verdicts}
     judged = {v.info.uuid: v.ref for v in verdicts if v.ref is not None}
@@ -340,8 +351,7 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
         if buckets:  # the empty tuple is one object for every GPU without buckets
             _VIEWS[id(buckets)] = views[gpu.uuid]
     ib = {
-        node: [h.ib_bytes_per_second for h in hosts if h.ib_bytes_per_second]
-        for node, hosts in data.hosts.items()
+        node: _reported(hosts.column("ib_bytes_per_second")) for node, hosts in data.hosts.items()
     }
     return Context(
         data,
@@ -351,6 +361,11 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
         data.bucket_seconds / 3600.0,
         ib_median={node: statistics.median(rates) for node, rates in ib.items() if rates},
     )
+
+
+def _reported(values: Floats) -> list[float]:
+    """The values reported and not zero (a falsy rate counts as none), in order."""
+    return values[~np.isnan(values) & (values != 0)].tolist()  # type: ignore[no-any-return]
 
 
 def by_start(tenancy: Sequence[TenantBucket]) -> dict[float, tuple[TenantBucket, ...]]:

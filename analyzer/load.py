@@ -41,6 +41,7 @@ from store.schema import (
 
 BUCKET_SECONDS = 300
 T = TypeVar("T", bound=tuple[Any, ...])
+R = TypeVar("R", bound=Run[Any])
 
 # The columns this module's SQL reads, checked against the schema when it is imported.
 sf.require_columns(
@@ -146,7 +147,8 @@ class GpuInfo:
 class HostBucket(NamedTuple):
     """One node over one bucket: means of the host counters; ``None`` when not reported.
 
-    A tuple, as :class:`Bucket` is, and for the same reason: a fleet's week is millions."""
+    A tuple, as :class:`Bucket` is, and for the same reason: a fleet's week is millions. A
+    node's travel as a :class:`HostRun` (columns)."""
 
     start: float
     cpu_busy_ratio: float | None
@@ -157,6 +159,14 @@ class HostBucket(NamedTuple):
     cpu_count: int | None
     ib_bytes_per_second: float | None  # the busiest InfiniBand port, rx + tx
     nic_bytes_per_second: float | None  # all Ethernet NICs, rx + tx
+
+
+class HostRun(Run[HostBucket]):
+    """One node's host buckets (:class:`HostBucket`) in time order, as columns."""
+
+    __slots__ = ()
+    RECORD = HostBucket
+    WHOLE = frozenset({"cpu_count"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,11 +191,19 @@ class TenantBucket(NamedTuple):
 
 
 class CgroupBucket(NamedTuple):
-    """One cgroup of a node over one bucket (a tuple, as :class:`Bucket` is)."""
+    """One cgroup of a node over one bucket (a tuple, as :class:`Bucket` is; a cgroup's travel
+    as a :class:`CgroupRun`)."""
 
     start: float
     cpu_cores: float | None
     cpu_limit_cores: float | None
+
+
+class CgroupRun(Run[CgroupBucket]):
+    """One cgroup's buckets on a node (:class:`CgroupBucket`) in time order, as columns."""
+
+    __slots__ = ()
+    RECORD = CgroupBucket
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,10 +218,10 @@ class FleetData:
     buckets: dict[str, BucketRun]
     hints: dict[str, tuple[str, ...]]  # uuid -> command names and lines seen on it
     sample_interval_seconds: float | None
-    hosts: dict[str, tuple[HostBucket, ...]] = field(default_factory=dict)  # node -> buckets
+    hosts: dict[str, HostRun] = field(default_factory=dict)  # node -> buckets, as columns
     tenants: dict[str, Tenant] = field(default_factory=dict)  # name -> identity
     tenancy: dict[str, tuple[TenantBucket, ...]] = field(default_factory=dict)  # uuid -> buckets
-    cgroups: dict[tuple[str, str], tuple[CgroupBucket, ...]] = field(default_factory=dict)
+    cgroups: dict[tuple[str, str], CgroupRun] = field(default_factory=dict)  # (node, cgroup)
     events: dict[str, int] = field(default_factory=dict)  # agent events by kind (xid, ...)
     #: GPU samples dated after now + a day (a wrong clock), left out of the window.
     ignored_future_samples: int = 0
@@ -215,17 +233,18 @@ class FleetData:
 
     def __post_init__(self) -> None:
         """Buckets given as records (tests, callers that build them) become runs."""
-        if not all(isinstance(b, BucketRun) for b in self.buckets.values()):
-            runs = {u: BucketRun.coerce(b) for u, b in self.buckets.items()}
-            object.__setattr__(self, "buckets", runs)
+        for name, run in (("buckets", BucketRun), ("hosts", HostRun), ("cgroups", CgroupRun)):
+            given: dict[Any, Any] = getattr(self, name)
+            if not all(isinstance(b, run) for b in given.values()):
+                object.__setattr__(self, name, {k: run.coerce(b) for k, b in given.items()})
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled with its per-bucket records as plain tuples, rebuilt on the other side: a
         NamedTuple pickles through ``copyreg``'s Python-level reduce, one call per bucket,
         which made sending a batch between processes (the pool and Ray engines) cost as much
         as loading it (16 nodes of 8 GPUs for a week: 2.3-3 CPU-s and 31 MiB each way). The
-        GPUs' buckets are runs of columns (:class:`analyzer.runs.BucketRun`), which pickle as
-        their arrays."""
+        GPUs', hosts' and cgroups' buckets are runs of columns (:mod:`analyzer.runs`), which
+        pickle as their arrays; only the tenants' buckets (a name each) take the detour."""
         state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name in _BUCKETED:
             state[name] = {k: tuple(map(tuple, v)) for k, v in state[name].items()}
@@ -233,11 +252,7 @@ class FleetData:
 
 
 #: FleetData's fields of per-bucket records, and the record of each.
-_BUCKETED: dict[str, type[tuple[Any, ...]]] = {
-    "hosts": HostBucket,
-    "tenancy": TenantBucket,
-    "cgroups": CgroupBucket,
-}
+_BUCKETED: dict[str, type[tuple[Any, ...]]] = {"tenancy": TenantBucket}
 
 
 def _unpickle_fleet(state: dict[str, Any]) -> FleetData:
@@ -1269,12 +1284,14 @@ _BUCKET_COLUMNS = (
 def _fetch_buckets(con: duckdb.DuckDBPyConnection) -> dict[str, BucketRun]:
     """Each GPU's buckets as a run of columns, from one ``fetchnumpy`` of the table sorted by
     GPU and time, cut at each GPU's count: no Python step (nor object) per bucket, where
-    building the records took 1.1 CPU-s per 16 nodes of a week (issue #25)."""
-    keys = "SELECT uuid, count(*) FROM buckets GROUP BY uuid ORDER BY uuid"
-    counts = con.execute(keys).fetchall()
-    columns = con.execute(f"SELECT {_BUCKET_COLUMNS} FROM buckets ORDER BY uuid, start")
-    runs = BucketRun.split(columns.fetchnumpy(), [int(n) for _, n in counts])
-    return {str(uuid): run for (uuid, _), run in zip(counts, runs, strict=True)}
+    building the records took 0.6 CPU-s per 16 nodes of a week (issue #25)."""
+    runs = _column_runs(
+        con,
+        BucketRun,
+        "SELECT uuid, count(*) FROM buckets GROUP BY uuid ORDER BY uuid",
+        f"SELECT {_BUCKET_COLUMNS} FROM buckets ORDER BY uuid, start",
+    )
+    return {str(uuid): run for (uuid,), run in runs}
 
 
 def _runs(
@@ -1287,6 +1304,16 @@ def _runs(
     keys = con.execute(keys_sql).fetchall()  # before the rows' cursor: one query at a time
     rows = _rows(con, rows_sql)
     return [(tuple(key), as_records(record, itertools.islice(rows, n))) for *key, n in keys]
+
+
+def _column_runs(
+    con: duckdb.DuckDBPyConnection, run: type[R], keys_sql: str, rows_sql: str
+) -> list[tuple[tuple[Any, ...], R]]:
+    """:func:`_runs` as runs of columns: ``rows_sql`` names the record's fields and is fetched
+    at once as arrays (:meth:`analyzer.runs.Run.split`), no Python step per row."""
+    keys = con.execute(keys_sql).fetchall()
+    runs = run.split(con.execute(rows_sql).fetchnumpy(), [int(n) for *_, n in keys])
+    return [(tuple(key), r) for (*key, _), r in zip(keys, runs, strict=True)]
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> Iterator[tuple[Any, ...]]:
@@ -1328,25 +1355,27 @@ def _distinct_indexes(gpus: list[GpuInfo]) -> tuple[GpuInfo, ...]:
     )
 
 
-def _fetch_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[HostBucket, ...]]:
-    runs = _runs(
+def _fetch_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, HostRun]:
+    runs = _column_runs(
         con,
-        HostBucket,
+        HostRun,
         "SELECT node, count(*) FROM host GROUP BY node ORDER BY node",
-        "SELECT h.start, busy, iowait, psi_cpu, psi_io, disk_read, cpus, n.ib, n.nic "
+        "SELECT h.start, busy AS cpu_busy_ratio, iowait AS cpu_iowait_ratio, "
+        "psi_cpu AS psi_cpu_some_ratio, psi_io AS psi_io_some_ratio, "
+        "disk_read AS disk_read_bytes_per_second, cpus AS cpu_count, "
+        "n.ib AS ib_bytes_per_second, n.nic AS nic_bytes_per_second "
         "FROM host h LEFT JOIN net n USING (node, start) ORDER BY h.node, h.start",
     )
     return {node: hosts for (node,), hosts in runs}
 
 
-def _fetch_cgroups(
-    con: duckdb.DuckDBPyConnection,
-) -> dict[tuple[str, str], tuple[CgroupBucket, ...]]:
-    runs = _runs(
+def _fetch_cgroups(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], CgroupRun]:
+    runs = _column_runs(
         con,
-        CgroupBucket,
+        CgroupRun,
         "SELECT node, cgroup, count(*) FROM cg GROUP BY ALL ORDER BY node, cgroup",
-        "SELECT start, cores, lim FROM cg ORDER BY node, cgroup, start",
+        "SELECT start, cores AS cpu_cores, lim AS cpu_limit_cores "
+        "FROM cg ORDER BY node, cgroup, start",
     )
     return {(node, cgroup): cgroups for (node, cgroup), cgroups in runs}
 

@@ -29,6 +29,7 @@ PCIe contention, and shared power envelopes.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -454,7 +455,7 @@ def _finding(
 # -- host CPU contention --------------------------------------------------------------------------
 
 
-def _host_cpu(ctx: Context, node: str, host: tuple[HostBucket, ...]) -> list[Finding]:
+def _host_cpu(ctx: Context, node: str, host: Sequence[HostBucket]) -> list[Finding]:
     th = ctx.thresholds
     step = ctx.data.bucket_seconds
     out: list[Finding] = []
@@ -472,7 +473,7 @@ def _host_cpu(ctx: Context, node: str, host: tuple[HostBucket, ...]) -> list[Fin
 
 
 def _saturated_runs(
-    host: tuple[HostBucket, ...], level: float, step: int
+    host: Sequence[HostBucket], level: float, step: int
 ) -> list[tuple[float, float]]:
     runs: list[list[float]] = []
     for h in host:
@@ -486,7 +487,7 @@ def _saturated_runs(
 
 
 def _cpu_by_owner(
-    ctx: Context, node: str, host: tuple[HostBucket, ...]
+    ctx: Context, node: str, host: Sequence[HostBucket]
 ) -> dict[str, dict[float, float]]:
     """Cores used per GPU tenant (its cgroup) and by everything else on the node, per bucket."""
     owners: dict[str, dict[float, float]] = {}
@@ -510,7 +511,7 @@ def _cpu_by_owner(
 
 
 def _cpu_aggressor(
-    ctx: Context, node: str, host: tuple[HostBucket, ...], start: float, end: float
+    ctx: Context, node: str, host: Sequence[HostBucket], start: float, end: float
 ) -> tuple[str, float]:
     """Whoever's CPU rose most from before the saturation to during it, and by how many cores."""
     best = (OUTSIDE, 0.0)

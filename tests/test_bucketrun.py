@@ -15,7 +15,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analyzer.load import Bucket, BucketRun, _fetch_buckets
+from analyzer.load import (
+    Bucket,
+    BucketRun,
+    CgroupBucket,
+    CgroupRun,
+    HostBucket,
+    HostRun,
+    _fetch_buckets,
+)
 from analyzer.reference import column
 
 #: A reported value or ``None``; floats include negatives, zero and large magnitudes, never NaN
@@ -165,3 +173,29 @@ def test_the_loader_cuts_one_fetch_into_each_gpus_run() -> None:
         assert run == want[uuid]
         assert type(run[0].memory_max_bytes) is float, "DOUBLE in the run, as the column is"
     assert runs["GPU-a"][1].util is None and runs["GPU-a"][1].samples == 29
+
+
+@st.composite
+def host_buckets(draw: st.DrawFn) -> HostBucket:
+    start = draw(st.integers(min_value=0, max_value=2**33)) * 1.0
+    cpus = draw(st.one_of(st.none(), st.integers(min_value=0, max_value=4096)))
+    ratios = [draw(_FLOAT) for _ in range(5)]
+    return HostBucket(start, *ratios, cpus, draw(_FLOAT), draw(_FLOAT))
+
+
+@given(st.lists(host_buckets(), max_size=20))
+def test_a_host_run_keeps_its_cpu_count_whole_or_none(records: list[HostBucket]) -> None:
+    """``cpu_count`` is a whole number that can be missing: NaN in its column, an ``int`` or
+    ``None`` in a record, also after pickling."""
+    run = pickle.loads(pickle.dumps(HostRun.of(records)))
+    assert list(run) == records
+    assert [type(h.cpu_count) for h in run] == [type(h.cpu_count) for h in records]
+    assert [run[i].cpu_count for i in range(len(run))] == [h.cpu_count for h in records]
+
+
+def test_cgroup_runs_are_not_bucket_runs() -> None:
+    """Runs of different records never compare equal, even with equal numbers."""
+    assert CgroupRun.of([CgroupBucket(0.0, 1.0, None)]) != HostRun.of(
+        [HostBucket(0.0, 1.0, None, None, None, None, None, None, None)]
+    )
+    assert CgroupRun.of([CgroupBucket(0.0, 1.0, None)]) == [CgroupBucket(0.0, 1.0, None)]

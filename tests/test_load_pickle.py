@@ -1,7 +1,7 @@
 """A batch's FleetData crosses processes (Map A's result back to the driver, Map B's input out):
-it pickles with its GPUs' buckets as runs of columns and its other per-bucket records as plain
-tuples, and comes back equal, record types and int fields included, in this process and through
-the pool engine."""
+it pickles with its GPUs', hosts' and cgroups' buckets as runs of columns and its tenants'
+buckets as plain tuples, and comes back equal, record types and int fields included, in this
+process and through the pool engine."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from analyzer.load import (
     Bucket,
     BucketRun,
     CgroupBucket,
+    CgroupRun,
     FleetData,
     HostBucket,
+    HostRun,
     TenantBucket,
     WindowPlan,
     load_nodes,
@@ -49,14 +51,14 @@ def data(plan: WindowPlan) -> FleetData:
 
 def _records(data: FleetData) -> Iterator[tuple[type, object]]:
     """(the expected type, the record) of every per-bucket record."""
-    for expected, field in (
-        (Bucket, data.buckets),
-        (HostBucket, data.hosts),
-        (TenantBucket, data.tenancy),
-        (CgroupBucket, data.cgroups),
+    for expected, held_as, field in (
+        (Bucket, BucketRun, data.buckets),
+        (HostBucket, HostRun, data.hosts),
+        (TenantBucket, tuple, data.tenancy),
+        (CgroupBucket, CgroupRun, data.cgroups),
     ):
         for records in field.values():
-            assert isinstance(records, BucketRun if expected is Bucket else tuple)
+            assert isinstance(records, held_as)
             for record in records:
                 yield expected, record
 
@@ -67,6 +69,7 @@ def test_a_loaded_fleet_survives_pickle_with_its_record_types(data: FleetData) -
     assert all(type(r) is t for t, r in _records(back))
     # Counts stay ints (a float 30.0 would equal 30 and still change a document).
     assert all(type(b.samples) is int for bs in back.buckets.values() for b in bs)
+    assert all(type(h.cpu_count) is int for hs in back.hosts.values() for h in hs)
     assert list(back.buckets) == list(data.buckets), "GPU order is the fleet's order"
 
 
