@@ -11,7 +11,6 @@ import bisect
 import functools
 import operator
 import statistics
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,13 +55,10 @@ IDLE_CODE = CLASS_CODES.index("idle")
 
 
 def column(buckets: Sequence[Bucket], name: str) -> Floats:
-    """One field of ``buckets`` as a float array, NaN where it was not reported (``None``).
-    When ``buckets`` are a live view's (:data:`_VIEWS`), the view's column: built once per
-    analysis for the detectors, the books, the summary and the recommendations alike. Shared,
-    so read-only by contract."""
-    view = _VIEWS.get(id(buckets))
-    if view is not None and view.buckets is buckets:
-        return view.col(name)
+    """One field of ``buckets`` as a float array, NaN where it was not reported (``None``):
+    the loader's runs (:class:`analyzer.load.BucketRun`) hand over their own column, for the
+    detectors, the books, the summary and the recommendations alike. Shared, so read-only
+    (a run's arrays refuse writes)."""
     return _column(buckets, name)
 
 
@@ -248,10 +244,6 @@ class GpuView:
 
 _UNKNOWN = object()
 
-#: The views of the analyses under way, by the identity of their buckets (:func:`column`).
-#: Weak: a view leaves with its context, so nothing outlives the analysis that built it.
-_VIEWS: weakref.WeakValueDictionary[int, GpuView] = weakref.WeakValueDictionary()
-
 
 def _main(present: tuple[TenantBucket, ...]) -> str:
     """The tenant holding the most memory (ties: the last name)."""
@@ -348,8 +340,6 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
         buckets = data.buckets.get(gpu.uuid, ())
         tenants = by_start(data.tenancy.get(gpu.uuid, ()))
         views[gpu.uuid] = GpuView(gpu, buckets, tenants, by_uuid.get(gpu.uuid), refs[gpu.uuid])
-        if buckets:  # the empty tuple is one object for every GPU without buckets
-            _VIEWS[id(buckets)] = views[gpu.uuid]
     ib = {
         node: _reported(hosts.column("ib_bytes_per_second")) for node, hosts in data.hosts.items()
     }

@@ -66,10 +66,14 @@ class Run(Sequence[T], Generic[T]):
                 f"{type(self).__name__} needs the columns {sorted(self._INDEX)}, "
                 f"got {sorted(columns)}"
             )
-        cols = [_floats(columns[f]) for f in self._INDEX]
-        if len({len(c) for c in cols}) > 1:
+        cols = [columns[f] for f in self._INDEX]
+        lengths = {len(c) for c in map(np.asarray, cols)}
+        if len(lengths) > 1:
             raise ValueError(f"{type(self).__name__}'s columns differ in length")
-        self._set(np.vstack(cols))
+        matrix = np.empty((len(cols), lengths.pop()), dtype=np.float64)
+        for row, values in zip(matrix, cols, strict=True):
+            _fill(row, values)
+        self._set(matrix)
 
     def _set(self, matrix: Floats) -> None:
         if matrix.flags.writeable:
@@ -141,10 +145,10 @@ class Run(Sequence[T], Generic[T]):
     def __getitem__(self, index: int | slice) -> T | Self:
         if isinstance(index, slice):
             return self._of_matrix(self._matrix[:, index])
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"{type(self).__name__} index {index} out of range ({n})")
-        row: list[Any] = self._matrix[:, index].tolist()  # one record's fields, in C
+        try:
+            row: list[Any] = self._matrix[:, index].tolist()  # one record's fields, in C
+        except IndexError:
+            raise IndexError(f"{type(self).__name__} index {index} out of range") from None
         never, some = self._holes or self._find_holes()
         for j in never:
             row[j] = None
@@ -154,7 +158,7 @@ class Run(Sequence[T], Generic[T]):
         for j in self._WHOLE_AT:
             if row[j] is not None:
                 row[j] = int(row[j])
-        return cast(T, tuple.__new__(self.RECORD, row))
+        return tuple.__new__(self.RECORD, row)  # type: ignore[return-value]  # a T, built in C
 
     def _find_holes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The fields missing in every record (NVLink on most boards) and those missing in
@@ -205,14 +209,15 @@ def _unpickle_run(cls: type[Run[Any]], matrix: Floats) -> Run[Any]:
     return cls._of_matrix(matrix)
 
 
-def _floats(values: npt.ArrayLike) -> Floats:
-    """One column as float64, NaN where ``values`` is masked (SQL's NULL) or ``None``."""
+def _fill(row: Floats, values: npt.ArrayLike) -> None:
+    """``row`` (of the run's matrix) set to ``values`` as floats, in place: NaN where they are
+    masked (``fetchnumpy``'s NULL) or ``None``; one copy, no intermediate array."""
     if isinstance(values, np.ma.MaskedArray):
-        return np.ma.filled(values.astype(np.float64), np.nan)
+        row[...] = values.data
+        row[np.ma.getmaskarray(values)] = np.nan
+        return
     array = np.asarray(values)
-    if array.dtype == object:  # Python values with None
-        return _from_values(array.tolist())
-    return np.asarray(array, dtype=np.float64)
+    row[...] = _from_values(array.tolist()) if array.dtype == object else array
 
 
 def _from_values(values: Sequence[Any]) -> Floats:

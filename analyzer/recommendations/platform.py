@@ -87,9 +87,7 @@ class PlatformStrategy:
             for v in inputs.verdicts
             if v.gpu_class == "training"
             and (
-                found := cycle(
-                    list(inputs.data.buckets.get(v.info.uuid, ())), inputs.data.bucket_seconds
-                )
+                found := cycle(inputs.data.buckets.get(v.info.uuid, ()), inputs.data.bucket_seconds)
             )
         ]
         return {"checkpoint_minutes_median": round(statistics.median(cycles)) if cycles else None}

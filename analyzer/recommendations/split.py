@@ -298,7 +298,7 @@ def _preemptible(inputs: Inputs) -> list[tuple[str, float]]:
         name = main if main is not None else f"{v.info.node}/{v.info.gpu_index}"
         if name in out:
             continue
-        found = cycle(list(inputs.data.buckets.get(v.info.uuid, ())), inputs.data.bucket_seconds)
+        found = cycle(inputs.data.buckets.get(v.info.uuid, ()), inputs.data.bucket_seconds)
         if found is not None:
             out[name] = found[0]
     return sorted(out.items())
