@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 import duckdb
+import numpy as np
 
 from analyzer import mig
 from analyzer.runs import Run
@@ -1396,18 +1397,31 @@ def _fetch_tenancy(
             "FROM tenancy GROUP BY tenant) ORDER BY k, tenant"
         ).fetchall()
     }
-    names = {name: name for name in tenants}
-    tenancy = _runs(
-        con,
-        TenantBucket,
-        "SELECT uuid, count(*) FROM tenancy GROUP BY uuid ORDER BY uuid",
-        "SELECT start, tenant, mem, sm FROM tenancy ORDER BY uuid, start, tenant",
-    )
+    keys = con.execute("SELECT uuid, count(*) FROM tenancy GROUP BY uuid ORDER BY uuid").fetchall()
+    cols = con.execute(
+        "SELECT start, tenant, mem, sm FROM tenancy ORDER BY uuid, start, tenant"
+    ).fetchnumpy()
     # One string object per tenant name, not one per bucket (memory, and pickle's size).
+    names = {name: name for name in tenants}
+    shared = list(map(names.__getitem__, cols["tenant"].tolist()))
+    start, mem, sm = (_python(cols[c]) for c in ("start", "mem", "sm"))
+    rows = zip(start, shared, mem, sm, strict=True)
+    records = as_records(TenantBucket, rows)
+    bounds = itertools.accumulate((int(n) for _, n in keys), initial=0)
     return tenants, {
-        uuid: as_records(TenantBucket, ((s, names[t], m, u) for s, t, m, u in present))
-        for (uuid,), present in tenancy
+        str(uuid): records[lo:hi]
+        for (uuid, _), (lo, hi) in zip(keys, itertools.pairwise(bounds), strict=True)
     }
+
+
+def _python(values: Any) -> list[Any]:
+    """A ``fetchnumpy`` column as the Python values ``fetchall`` gives (ints stay ints), with
+    ``None`` where masked (SQL's NULL), built in C: no Python step per row."""
+    if not isinstance(values, np.ma.MaskedArray):
+        return list(values.tolist())
+    cells = values.data.astype(object)
+    cells[np.ma.getmaskarray(values)] = None
+    return list(cells.tolist())
 
 
 # -- one workload's holdings and usage (``aiscope job``) ------------------------------------------
