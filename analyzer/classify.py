@@ -291,12 +291,11 @@ def map_spans(
     """Map B: everything one batch's GPUs decide alone (references against the fleet's idle
     power, segments, recurrence within a GPU, features); ``offset`` is the batch's first GPU's
     position in the fleet."""
-    fields = _Fields(data)
-    refs = references(data, th, idle_watts, fields)
+    refs = references(data, th, idle_watts)  # reading a run's field hands its own array over
     spans: dict[str, list[_Span]] = {}
     for gpu in data.gpus:
         buckets = data.buckets.get(gpu.uuid, ())
-        cols = _columns(buckets, refs[gpu.uuid], th, fields.of(gpu.uuid))
+        cols = _columns(buckets, refs[gpu.uuid], th)
         spans[gpu.uuid] = _segment(gpu, refs[gpu.uuid], buckets, cols, th)
     recurring = _recurrence(spans)
     for group in spans.values():
@@ -401,40 +400,10 @@ def _loads(util: Floats, power: Floats, ref: PowerRef) -> Floats:
     return np.where(np.isnan(util), _power_load(power, ref), util)
 
 
-class _Fields:
-    """A batch's GPUs' fields as floats (:func:`analyzer.reference.column`), each read from the
-    buckets once: the references ask for power (and, without the fleet's idle power, for
-    utilization and memory too), and the columns for the same arrays again. Reading a field
-    of a week's buckets is about 0.3 ms a GPU."""
-
-    def __init__(self, data: FleetData) -> None:
-        self._data = data
-        self._read: dict[tuple[str, str], Floats] = {}
-
-    def __call__(self, uuid: str, name: str) -> Floats:
-        key = (uuid, name)
-        if key not in self._read:
-            self._read[key] = column(self._data.buckets.get(uuid, ()), name)
-        return self._read[key]
-
-    def of(self, uuid: str) -> Callable[[str], Floats]:
-        """The GPU's fields, each handed out once and then forgotten (its columns keep it)."""
-
-        def field(name: str) -> Floats:
-            kept = self._read.pop((uuid, name), None)
-            return column(self._data.buckets.get(uuid, ()), name) if kept is None else kept
-
-        return field
-
-
-def _columns(
-    buckets: Sequence[Bucket],
-    ref: PowerRef,
-    th: Thresholds,
-    field: Callable[[str], Floats] | None = None,
-) -> _Columns:
-    """The GPU's columns; ``field``: its fields as floats, by default read from ``buckets``."""
-    read = field or functools.partial(column, buckets)
+def _columns(buckets: Sequence[Bucket], ref: PowerRef, th: Thresholds) -> _Columns:
+    """The GPU's columns: a run's own arrays where they are the field as is (views, shared and
+    read-only), new arrays for what is computed from them."""
+    read = functools.partial(column, buckets)
     util, util_max, power = (read(n) for n in ("util", "util_max", "power_watts"))
     start = read("start")
     by_power = _power_load(power, ref)

@@ -1295,37 +1295,16 @@ def _fetch_buckets(con: duckdb.DuckDBPyConnection) -> dict[str, BucketRun]:
     return {str(uuid): run for (uuid,), run in runs}
 
 
-def _runs(
-    con: duckdb.DuckDBPyConnection, record: type[T], keys_sql: str, rows_sql: str
-) -> list[tuple[tuple[Any, ...], tuple[T, ...]]]:
-    """(key, records) per key: ``keys_sql`` gives each key's columns and then its number of
-    rows, in the order ``rows_sql`` gives the rows (the record's fields, no key), so each
-    key's records are the next run of rows, built without a Python call per row
-    (:func:`as_records`)."""
-    keys = con.execute(keys_sql).fetchall()  # before the rows' cursor: one query at a time
-    rows = _rows(con, rows_sql)
-    return [(tuple(key), as_records(record, itertools.islice(rows, n))) for *key, n in keys]
-
-
 def _column_runs(
     con: duckdb.DuckDBPyConnection, run: type[R], keys_sql: str, rows_sql: str
 ) -> list[tuple[tuple[Any, ...], R]]:
-    """:func:`_runs` as runs of columns: ``rows_sql`` names the record's fields and is fetched
-    at once as arrays (:meth:`analyzer.runs.Run.split`), no Python step per row."""
+    """(key, run) per key: ``keys_sql`` gives each key's columns and then its number of rows,
+    in the order ``rows_sql`` gives the rows (the record's fields by name, no key), fetched at
+    once as arrays and cut into runs (:meth:`analyzer.runs.Run.split`): no Python step per
+    row, nor a list of every row."""
     keys = con.execute(keys_sql).fetchall()
     runs = run.split(con.execute(rows_sql).fetchnumpy(), [int(n) for *_, n in keys])
     return [(tuple(key), r) for (*key, _), r in zip(keys, runs, strict=True)]
-
-
-def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> Iterator[tuple[Any, ...]]:
-    """The query's rows a batch at a time: a fleet's buckets become records without first
-    becoming a list of every row (which doubled the loader's peak memory)."""
-    cursor = con.execute(sql)
-    while batch := cursor.fetchmany(_BATCH_ROWS):
-        yield from batch
-
-
-_BATCH_ROWS = 50_000
 
 
 def _distinct_indexes(gpus: list[GpuInfo]) -> tuple[GpuInfo, ...]:

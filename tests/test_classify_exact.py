@@ -18,7 +18,6 @@ from analyzer.classify import (
     _centred_r,
     _column_dots,
     _columns,
-    _Fields,
     _fine_rs,
     _fsums,
     _group_starts,
@@ -30,8 +29,8 @@ from analyzer.classify import (
     _variance_of,
     pearson,
 )
-from analyzer.load import Bucket, FleetData, GpuInfo
-from analyzer.reference import references
+from analyzer.load import Bucket, BucketRun, FleetData, GpuInfo
+from analyzer.reference import column, references
 from analyzer.thresholds import Thresholds
 from tests.oracles import old_pearson
 
@@ -168,11 +167,12 @@ maybe = st.one_of(st.none(), values)
     st.lists(st.lists(st.tuples(maybe, maybe, maybe, maybe), max_size=30), min_size=1, max_size=4),
     st.sampled_from([None, "NVIDIA H100 80GB HBM3", "Tesla T4"]),
 )
-def test_fields_read_once_are_the_fields_read_each_time(
+def test_fields_read_from_runs_are_the_fields_read_from_records(
     gpus: list[list[tuple[float | None, ...]]], model: str | None
 ) -> None:
-    """The references and columns from :class:`_Fields` (each GPU's field read once) are those
-    read from the buckets each time, reported or not, with or without the fleet's idle power."""
+    """The references and columns read from the loader's runs (their own arrays) are those
+    read from the records one by one, reported or not, with or without the fleet's idle
+    power."""
     infos, buckets = [], {}
     for i, rows in enumerate(gpus):
         uuid = f"GPU-{i}"
@@ -183,12 +183,12 @@ def test_fields_read_once_are_the_fields_read_each_time(
         )
     data = FleetData(0.0, 1e6, 300, tuple(infos), buckets, {}, 10.0)
     th = Thresholds()
+    assert all(isinstance(run, BucketRun) for run in data.buckets.values())
     for idle in (None, {model or "?": 60.0}):
-        fields = _Fields(data)
-        refs = references(data, th, idle, fields)
-        assert refs == references(data, th, idle)
+        refs = references(data, th, idle)
+        assert refs == references(data, th, idle, lambda u, n: column(buckets[u], n))
         for gpu in infos:
-            once = _columns(buckets[gpu.uuid], refs[gpu.uuid], th, fields.of(gpu.uuid))
-            each = _columns(buckets[gpu.uuid], refs[gpu.uuid], th)
-            for name in once.__dataclass_fields__:
-                assert np.array_equal(getattr(once, name), getattr(each, name), equal_nan=True)
+            run = _columns(data.buckets[gpu.uuid], refs[gpu.uuid], th)
+            records = _columns(buckets[gpu.uuid], refs[gpu.uuid], th)
+            for name in run.__dataclass_fields__:
+                assert np.array_equal(getattr(run, name), getattr(records, name), equal_nan=True)
