@@ -199,3 +199,29 @@ def test_cgroup_runs_are_not_bucket_runs() -> None:
         [HostBucket(0.0, 1.0, None, None, None, None, None, None, None)]
     )
     assert CgroupRun.of([CgroupBucket(0.0, 1.0, None)]) == [CgroupBucket(0.0, 1.0, None)]
+
+
+def test_a_field_never_reported_is_not_sent_when_pickled() -> None:
+    """NVLink, tensor activity and clocks are missing on many boards for the whole window: a
+    run names those fields in its pickle instead of sending a NaN per bucket."""
+    week = [
+        Bucket(300.0 * k, 30, 30, 0.5, 0.6, 0.4, 1e9, 2e9, 200.0, 0.3, None) for k in range(2016)
+    ]
+    sparse = pickle.dumps(BucketRun.of(week), protocol=pickle.HIGHEST_PROTOCOL)
+    full = pickle.dumps(
+        BucketRun.of(
+            b._replace(
+                nvlink_bytes_per_second=1.0,
+                tensor_active=0.2,
+                sm_clock_hertz=1.4e9,
+                throttled_ratio=0.0,
+            )
+            for b in week
+        ),
+        protocol=pickle.HIGHEST_PROTOCOL,
+    )
+    assert len(full) - len(sparse) > 4 * 8 * 2016 - 64  # four fields never sent (less their names)
+    back = pickle.loads(sparse)
+    assert back == BucketRun.of(week)
+    assert back[5].nvlink_bytes_per_second is None and back[5].throttled_ratio is None
+    assert np.isnan(back.column("tensor_active")).all()
