@@ -2,11 +2,12 @@
 
 Issue #25, "arrays, not per-bucket objects". A week of one GPU is 2,016 buckets; as NamedTuples
 that was about 500 bytes and a Python allocation each, built once per batch from DuckDB's rows
-(1.1 CPU-s per 16 nodes), pickled back and rebuilt on the driver (7.4 CPU-s at 1,024 GPUs), and
-read field by field into arrays again by every measure. A :class:`Run` is built straight from
-DuckDB's ``fetchnumpy`` (no Python step per row), pickles as one array, and hands its columns to
-the readers that want them without a copy; it is still a ``Sequence`` of the records for the
-readers that walk bucket by bucket, building them in C as they are asked for.
+(0.6 CPU-s per 16 nodes of 8 GPUs), pickled to the driver and rebuilt there (0.5 CPU-s each
+way per batch), and read field by field into arrays again by every measure. A :class:`Run` is
+built straight from DuckDB's ``fetchnumpy`` (no Python step per row), pickles as one array
+(0.17 and 0.12 CPU-s a batch with its hosts and tenants), and hands its columns to the readers
+that want them without a copy; it is still a ``Sequence`` of the records for the readers that
+walk bucket by bucket, building them in C as they are asked for.
 
 The columns are the rows of one ``(fields, buckets)`` float64 matrix: each column contiguous
 for the readers of columns, and one bucket's fields a single strided read (``[:, i].tolist()``),
@@ -29,6 +30,8 @@ import numpy as np
 import numpy.typing as npt
 
 T = TypeVar("T", bound=tuple[Any, ...])
+#: Records built at a time when a run is walked backwards (:meth:`Run.__reversed__`).
+_BLOCK = 256
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 
@@ -170,15 +173,22 @@ class Run(Sequence[T], Generic[T]):
         return self._holes
 
     def __iter__(self) -> Iterator[T]:
-        """The records, built in C: each column as a list of Python values (``None`` for NaN),
-        zipped into tuples of the record's type."""
+        return self._records()
+
+    def __reversed__(self) -> Iterator[T]:
+        """The records from the last, built a block at a time: a reader of a GPU's tail (its
+        idle hold up to now: :mod:`analyzer.live`) stops after a few."""
+        n = len(self)
+        blocks = (self[max(hi - _BLOCK, 0) : hi][::-1]._records() for hi in range(n, 0, -_BLOCK))
+        return itertools.chain.from_iterable(blocks)
+
+    def _records(self) -> Iterator[T]:
+        """All the records, built in C: each column as a list of Python values (``None`` for
+        NaN), zipped into tuples of the record's type."""
         whole = set(self._WHOLE_AT)
         lists = [_values(c, i in whole) for i, c in enumerate(self._matrix)]
         make = functools.partial(tuple.__new__, self.RECORD)
         return map(cast(Callable[[tuple[Any, ...]], T], make), zip(*lists, strict=True))
-
-    def __reversed__(self) -> Iterator[T]:
-        return iter(self[::-1])
 
     def __eq__(self, other: object) -> bool:
         """Equal to a run of the same records, or to a tuple or list of them (tests compare

@@ -225,3 +225,14 @@ def test_a_field_never_reported_is_not_sent_when_pickled() -> None:
     assert back == BucketRun.of(week)
     assert back[5].nvlink_bytes_per_second is None and back[5].throttled_ratio is None
     assert np.isnan(back.column("tensor_active")).all()
+
+
+@pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 600])
+def test_a_run_walked_backwards_block_by_block_is_every_record_reversed(n: int) -> None:
+    records = [
+        Bucket(300.0 * k, k, k, None if k % 3 else 0.5, 0.5, 0.1, 1e9, 1e9, float(k), None, None)
+        for k in range(n)
+    ]
+    run = BucketRun.of(records)
+    assert list(reversed(run)) == records[::-1]
+    assert next(reversed(run), None) == (records[-1] if records else None)
