@@ -147,26 +147,23 @@ def cold_start_seconds(data: FleetData, service: Service) -> float | None:
     first sample counted the night, 540 min, as its cold start)."""
     best: float | None = None
     for gpu in service.gpus:
-        buckets: Sequence[Bucket] = data.buckets.get(gpu.uuid, ())
-        held = [b.memory_bytes for b in buckets if b.memory_bytes]
-        if not held:
+        # Columns, not records: a GPU's run builds its records on every walk (issue #25).
+        buckets = data.buckets.get(gpu.uuid, ())
+        memory = np.nan_to_num(column(buckets, "memory_bytes"), nan=0.0)  # unreported: none
+        held = memory[memory != 0.0]
+        if not len(held):
             continue
-        resident_bytes = RESIDENT_MEMORY_RATIO * statistics.median(held)
-        if (buckets[0].memory_bytes or 0.0) >= resident_bytes:
+        resident_bytes = RESIDENT_MEMORY_RATIO * statistics.median(held.tolist())
+        if memory[0] >= resident_bytes:
             continue  # already loaded when the window began
-        loaded = next((b.start for b in buckets if (b.memory_bytes or 0.0) > 0.0), None)
-        if loaded is None:
+        starts = column(buckets, "start")
+        loading = np.flatnonzero(memory > 0.0)
+        if not len(loading):
             continue
-        resident = next(
-            (
-                b.start
-                for b in buckets
-                if b.start >= loaded and (b.memory_bytes or 0.0) >= resident_bytes
-            ),
-            None,
-        )
-        if resident is not None:
-            best = max(best or 0.0, resident - loaded)
+        loaded = float(starts[loading[0]])
+        ready = np.flatnonzero((starts >= loaded) & (memory >= resident_bytes))
+        if len(ready):
+            best = max(best or 0.0, float(starts[ready[0]]) - loaded)
     return best
 
 
