@@ -15,7 +15,9 @@ import gc
 import glob
 import itertools
 import logging
+import multiprocessing
 import operator
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -332,6 +334,31 @@ def _union(aliases: list[str], table: str, scoped: _Scope | None = None) -> str:
     return " UNION ALL BY NAME ".join(parts)
 
 
+def reader_threads() -> int:
+    """DuckDB's threads for one read: one in an engine's worker, two elsewhere.
+
+    A pool worker (a child of the driver) already runs one task per core, as Ray's workers
+    run one per CPU (``OMP_NUM_THREADS``, which Ray sets and a user may): a second DuckDB
+    thread there only oversubscribes the cores, and a parallel aggregation costs more CPU in
+    all than a serial one (its partial hash tables are merged). Measured on 16 nodes' GPU
+    buckets: 1.72 CPU-s on two threads, 1.11 on one; the pool's whole analysis of 256 GPUs
+    33.1 CPU-s on two, 25.2 on one. The serial engine's two cost the same CPU as one (20.0
+    and 19.7 CPU-s for 256 GPUs), and an idle second core shortens its wall."""
+    if multiprocessing.parent_process() is not None:
+        return 1
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    return max(1, min(READER_THREADS, int(given))) if given.isdigit() else READER_THREADS
+
+
+#: DuckDB's threads for a read in the driver (or the serial engine's process).
+READER_THREADS = 2
+
+
+def _connect() -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB for one read (:func:`reader_threads`)."""
+    return duckdb.connect(":memory:", config={"threads": reader_threads()})
+
+
 def bucket_for(window_seconds: float, interval_seconds: float | None) -> int:
     """Buckets of 5 minutes for a week; finer for short captures, so that a one-hour, 100 ms
     capture of a training run still shows its ranks moving together (about 720 buckets per
@@ -382,7 +409,7 @@ def load(
 
     The plan (:func:`plan_window`) and one batch of every node (:func:`load_nodes`), merged
     (:func:`merge`), over one connection: the inputs are attached once."""
-    con = duckdb.connect(":memory:", config={"threads": 2})
+    con = _connect()
     try:
         days = since_seconds if until is None and start_at is None else None
         aliases = sf.attach_inputs(con, list(paths), timeout, days)
@@ -434,7 +461,7 @@ def _one_plan(
     start_at: float | None,
 ) -> WindowPlan:
     """The plan over one connection, every input attached at once."""
-    con = duckdb.connect(":memory:", config={"threads": 2})
+    con = _connect()
     try:
         days = since_seconds if until is None and start_at is None else None
         # The plan reads samples only: no keyed table (devices, processes, pods) is presented.
@@ -600,7 +627,7 @@ class _PlanPart:
 def _plan_part(group: tuple[Path, ...], ask: _PlanAsk) -> _PlanPart:
     """A plan task: its node stores attached (samples only), read once for the plan (a
     DuckDB error names the damaged store, in the worker, as :func:`plan_window`'s would)."""
-    con = duckdb.connect(":memory:", config={"threads": 2})
+    con = _connect()
     try:
         aliases = sf.attach_inputs(con, list(group), ask.timeout_seconds, ask.days_seconds, False)
         con.execute(f"CREATE TEMP VIEW g AS {_union(aliases, sf.GPU_SAMPLES)}")
@@ -658,7 +685,7 @@ def _mapped_plan(
     held = [set(p.spans).union(*(h for h in p.holders if h is not None)) for p in parts]
     if any(p.ahead_of_clock for p in parts) or sum(map(len, held)) != len(set().union(*held)):
         return None  # the clock's limit, or a node's rollups standing in, needs every store
-    con = duckdb.connect(":memory:", config={"threads": 2})
+    con = _connect()
     try:
         plan = _combined(
             con, paths, parts, since_seconds, timeout, days, bucket_seconds, until, start_at
@@ -727,7 +754,7 @@ def _read_nodes(
     paths: Sequence[sf.Input], batch: tuple[str, ...], plan: WindowPlan, whole: frozenset[int]
 ) -> FleetData:
     """``whole``: the positions in ``paths`` of node stores that hold only the batch's nodes."""
-    con = duckdb.connect(":memory:", config={"threads": 2})
+    con = _connect()
     try:
         aliases = sf.attach_inputs(con, list(paths), plan.timeout_seconds, plan.days_seconds)
         con.execute(
@@ -1399,7 +1426,7 @@ class Usage:
 @sf.reads_stores
 def holdings(paths: Sequence[sf.Input], timeout: float = 10.0) -> Holdings:
     """Every (workload, GPU) the stores' process samples show, with the workload's ids."""
-    con = duckdb.connect(":memory:", config={"threads": 2})
+    con = _connect()
     try:
         aliases = sf.attach_inputs(con, list(paths), timeout)
         rows = con.execute(
@@ -1445,7 +1472,7 @@ def usage(
     """Per (node, uuid, start, end) span: the GPU's raw samples in ``[start, end]`` summarized."""
     if not spans:
         return {}
-    con = duckdb.connect(":memory:", config={"threads": 2})
+    con = _connect()
     try:
         aliases = sf.attach_inputs(con, list(paths), timeout)
         con.execute("CREATE TEMP TABLE spans (node VARCHAR, uuid VARCHAR, s DOUBLE, e DOUBLE)")
@@ -1511,7 +1538,7 @@ def history(
     """Hourly GPU demand over everything stored (or the last ``since_seconds``, or from
     ``start_at``; up to ``until`` when given: ``--since TIME``, ``--until TIME``): raw samples,
     and before a GPU's first raw sample its minute rollups (kept far longer than raw)."""
-    con = duckdb.connect(":memory:", config={"threads": 2})
+    con = _connect()
     try:
         # Node stores and published segments alike (the fleet alias's rollup stand-ins are
         # whole minutes before each node's first raw sample, so the fallback below adds none).
