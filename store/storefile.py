@@ -767,6 +767,17 @@ def _rollup_stand_in(con: duckdb.DuckDBPyConnection, aliases: list[str], table: 
     con.execute(f"CREATE VIEW {FLEET_ALIAS}.{table} AS {body}")
 
 
+def has_stand_ins(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether the fleet alias's ``table`` has minute rollups standing in for pruned samples
+    (:func:`_rollup_stand_in`): rows of its own, beside every input's."""
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = $s AND table_name = $t",
+        {"s": FLEET_ALIAS, "t": f"_first_{table}"},
+    ).fetchone()
+    return bool(row and row[0])
+
+
 def _time_column(table: str) -> str:
     if table in _KEYED:
         return "last_seen_ts"
