@@ -488,7 +488,9 @@ def attach_inputs(
     stores = {a: p for a, p in zip(aliases, inputs, strict=True) if isinstance(p, Path)}
     for alias, path in stores.items():
         attach_read_only(con, f"r_{alias}", path, timeout_seconds)
-    newest = _newest_store_sample(con, [f"r_{a}" for a in stores])
+    # Only a location's days are chosen by it: without one, no store's samples are scanned.
+    located = any(isinstance(i, loc.Location) for i in inputs)
+    newest = _newest_store_sample(con, [f"r_{a}" for a in stores]) if located else None
     published: dict[tuple[str, str], float] = {}
     for alias, source in zip(aliases, inputs, strict=True):
         if isinstance(source, loc.Location):
