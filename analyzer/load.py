@@ -1204,16 +1204,25 @@ def _materialize_tenancy(
         f"FROM ({_union(aliases, sf.PROCESSES, scoped)}) p "
         f"LEFT JOIN ({_pods(con, aliases)}) k ON k.node = p.node AND k.uid = p.k8s_pod_uid)"
     )
+    held = _per_input(con, aliases, sf.PROCESS_SAMPLES, _HELD, scoped)
     con.execute(
         "CREATE TABLE tenancy AS SELECT t.uuid, q.tenant, t.start, q.usr, q.cg, q.cmd, q.ns, "
-        "q.job, t.mem, t.sm FROM (SELECT s.uuid, p.tid, floor(s.ts / $b) * $b AS start, "
-        "any_value(p.pk) AS pk, sum(s.used_memory_bytes) / count(DISTINCT s.ts) AS mem, "
-        "sum(s.sm_utilization_ratio) / count(DISTINCT s.ts) AS sm "
-        f"FROM ({_union(aliases, sf.PROCESS_SAMPLES, scoped)}) s JOIN procs p "
-        "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
-        "WHERE s.ts >= $s AND s.ts < $e GROUP BY ALL) t JOIN procs q ON q.pk = t.pk",
+        f"q.job, t.mem, t.sm FROM ({held}) t JOIN procs q ON q.pk = t.pk",
         {"b": bucket, "s": start, "e": end},
     )
+
+
+#: Each tenant's memory and SM use per GPU and bucket of the window ``[$s, $e)`` from the
+#: process samples ``{source}`` (:func:`_materialize_tenancy`; one row per uuid, tenant id and
+#: bucket: a GPU is one node's, so per input where :func:`_per_input` may).
+_HELD = (
+    "SELECT s.uuid, p.tid, floor(s.ts / $b) * $b AS start, "
+    "any_value(p.pk) AS pk, sum(s.used_memory_bytes) / count(DISTINCT s.ts) AS mem, "
+    "sum(s.sm_utilization_ratio) / count(DISTINCT s.ts) AS sm "
+    "FROM ({source}) s JOIN procs p "
+    "ON p.node = s.node AND p.pid = s.pid AND p.start_ticks IS NOT DISTINCT FROM s.start_ticks "
+    "WHERE s.ts >= $s AND s.ts < $e GROUP BY ALL"
+)
 
 
 def _materialize_declarations(
