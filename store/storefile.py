@@ -488,7 +488,9 @@ def attach_inputs(
     stores = {a: p for a, p in zip(aliases, inputs, strict=True) if isinstance(p, Path)}
     for alias, path in stores.items():
         attach_read_only(con, f"r_{alias}", path, timeout_seconds)
-    newest = _newest_store_sample(con, [f"r_{a}" for a in stores])
+    # Only a location's days are chosen by it: without one, no store's samples are scanned.
+    located = any(isinstance(i, loc.Location) for i in inputs)
+    newest = _newest_store_sample(con, [f"r_{a}" for a in stores]) if located else None
     published: dict[tuple[str, str], float] = {}
     for alias, source in zip(aliases, inputs, strict=True):
         if isinstance(source, loc.Location):
@@ -765,6 +767,17 @@ def _rollup_stand_in(con: duckdb.DuckDBPyConnection, aliases: list[str], table: 
             "WHERE f.first IS NULL OR m.minute_ts + 60 <= f.first"
         )
     con.execute(f"CREATE VIEW {FLEET_ALIAS}.{table} AS {body}")
+
+
+def has_stand_ins(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether the fleet alias's ``table`` has minute rollups standing in for pruned samples
+    (:func:`_rollup_stand_in`): rows of its own, beside every input's."""
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = $s AND table_name = $t",
+        {"s": FLEET_ALIAS, "t": f"_first_{table}"},
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def _time_column(table: str) -> str:
