@@ -108,7 +108,7 @@ def _document(
     ctx = context(data, verdicts, thresholds or Thresholds())  # one for detectors and owners
     progress(0.65, "looking for starved GPUs, noisy neighbours and idle holds")
     # On an engine, the detectors run per batch of nodes where Map B left them (Map E).
-    results = run_detectors(ctx) if staged is None else detect(staged, ctx)
+    results = run_detectors(ctx) if staged is None else detect(staged, ctx, intents)
     progress(0.8, "sizing reservations and splits")
     recommendations, skipped = run_all(data, verdicts, results.findings)
     progress(0.9, "charging owners and summing up")

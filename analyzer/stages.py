@@ -59,8 +59,9 @@ import dataclasses
 import itertools
 import math
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from analyzer import declared, idle_held, neighbors, silent, starved
 from analyzer.classify import BatchSpans, GpuVerdict, classify, finish, map_spans
@@ -99,6 +100,9 @@ SERIAL_BATCH_NODES = 16
 #: A task's nodes at most when the fleet is large (issue #25: 16-64 nodes a task).
 MAX_NODES_PER_BATCH = 64
 
+#: Batches a pool or Ray worker keeps between stages at most (:data:`_KEPT`).
+KEPT_BATCHES = 2
+
 
 def batches(nodes: Sequence[str], workers: int, size: int | None = None) -> list[tuple[str, ...]]:
     """Consecutive runs of the plan's sorted nodes: ``max(2 x workers, nodes / 64)`` of them
@@ -117,12 +121,14 @@ def batches(nodes: Sequence[str], workers: int, size: int | None = None) -> list
 
 @dataclass(frozen=True, slots=True)
 class LoadShared:
-    """What every Map A task reads: the plan, the thresholds (the idle test's) and the run's
-    name, which keys the batches its tasks keep for Map B (:data:`_KEPT`)."""
+    """What every Map A task reads: the plan, the thresholds (the idle test's), the run's
+    name, which keys the batches its tasks keep for Map B (:data:`_KEPT`), and how many
+    batches a process keeps at most (``None``: all, where the driver holds them anyway)."""
 
     plan: WindowPlan
     thresholds: Thresholds
     run: str
+    keep: int | None = KEPT_BATCHES
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,31 +149,38 @@ class SpansShared:
     thresholds: Thresholds
     idle_watts: dict[str, float]
     run: str
+    keep: int | None = KEPT_BATCHES
 
 
 @dataclass(frozen=True, slots=True)
 class Classified:
-    """Map B's result: one batch's data (the detectors read it on the driver) and its spans."""
+    """Map B's result: one batch's data (the detectors read it on the driver) and its spans;
+    ``read``: the task read the batch again (its process had not kept it from Map A)."""
 
     data: FleetData
     spans: BatchSpans
+    read: bool = False
 
 
-#: Batches a process read in Map A and keeps for Map B (and Map B for Map E), by (run, batch):
-#: a task given a batch this process read uses it instead of reading it again. The pool runs
-#: batch i of every stage in the same worker (:class:`analyzer.engine.PoolEngine`), and Ray on
-#: the same actor (:mod:`analyzer.rayengine`); a task whose worker lost its batch (a restarted
-#: actor, more batches than it keeps) reads it itself: the same rows, so the same data. At most
-#: :data:`KEPT_BATCHES` are kept (the oldest goes first), so a worker's memory stays two
-#: batches (up to 128 nodes) whatever the fleet.
-_KEPT: dict[tuple[str, tuple[str, ...]], FleetData] = {}
-KEPT_BATCHES = 2
+#: What a process keeps of a batch between stages, by (run, batch): the batch Map A read, for
+#: Map B (under the run's name); the same data, for Map E's first round and its solo round
+#: (:func:`_detecting`); a batch's context and first findings, for Map E's levels round
+#: (:func:`_levelling`). A task given a batch this process kept uses it instead of reading it
+#: again, and takes it out: each stage keeps it again only for a later one that needs it, so a
+#: batch is read once in all (``tests/test_stages.py`` counts the reads). The pool runs batch i
+#: of every stage in the same worker (:class:`analyzer.engine.PoolEngine`), and Ray on the same
+#: actor (:mod:`analyzer.rayengine`); a task whose worker lost its batch (a restarted actor,
+#: more batches than it keeps) reads it itself: the same rows, so the same data. On a pool or
+#: Ray, at most :data:`KEPT_BATCHES` are kept (the oldest goes first), so a worker's memory
+#: stays two batches (up to 128 nodes) whatever the fleet; the serial engine keeps them all,
+#: as its driver holds every batch's buckets anyway (the merged fleet shares them).
+_KEPT: dict[tuple[str, tuple[str, ...]], FleetData | _Seen] = {}
 
 
 def load_batch(batch: tuple[str, ...], shared: LoadShared) -> Counted:
     """Map A: the batch read (and kept for Map B), its histogram and GPU count returned."""
     data = load_nodes(batch, shared.plan)
-    _keep((shared.run, batch), data)
+    _keep((shared.run, batch), data, shared.keep)
     return Counted(idle_histogram(data, shared.thresholds), len(data.gpus))
 
 
@@ -175,20 +188,41 @@ def spans_batch(item: tuple[tuple[str, ...], int], shared: SpansShared) -> Class
     """Map B over one batch (``item``: its nodes and its first GPU's position in the fleet):
     the batch as Map A read it here, else read again."""
     batch, offset = item
-    data = _KEPT.pop((shared.run, batch), None) or load_nodes(batch, shared.plan)
-    _keep((_detecting(shared.run), batch), data)  # again, for Map E
-    return Classified(data, map_spans(data, shared.thresholds, shared.idle_watts, offset))
+    kept = _take_data((shared.run, batch))
+    data = kept or load_nodes(batch, shared.plan)
+    _keep((_detecting(shared.run), batch), data, shared.keep)  # again, for Map E
+    spans = map_spans(data, shared.thresholds, shared.idle_watts, offset)
+    return Classified(data, spans, read=kept is None)
 
 
-def _keep(key: tuple[str, tuple[str, ...]], data: FleetData) -> None:
-    _KEPT[key] = data
-    while len(_KEPT) > KEPT_BATCHES:
+def _keep(key: tuple[str, tuple[str, ...]], value: FleetData | _Seen, limit: int | None) -> None:
+    """Keep ``value`` for a later stage here; past ``limit`` entries, the oldest goes."""
+    _KEPT[key] = value
+    while limit is not None and len(_KEPT) > limit:
         del _KEPT[next(iter(_KEPT))]
 
 
+def _take_data(key: tuple[str, tuple[str, ...]]) -> FleetData | None:
+    """The batch's data kept under ``key``, taken out (``None``: not kept here)."""
+    kept = _KEPT.pop(key, None)
+    return kept if isinstance(kept, FleetData) else None
+
+
+def _take_seen(key: tuple[str, tuple[str, ...]]) -> _Seen | None:
+    """The batch's context and first findings kept under ``key``, taken out."""
+    kept = _KEPT.pop(key, None)
+    return kept if isinstance(kept, _Seen) else None
+
+
 def _detecting(run: str) -> str:
-    """The name Map B keeps a batch under for Map E."""
+    """The name Map B keeps a batch under for Map E (and Map E's first round for its solo
+    round)."""
     return f"{run}/detect"
+
+
+def _levelling(run: str) -> str:
+    """The name Map E keeps a batch's :class:`_Seen` under for its levels round."""
+    return f"{run}/levels"
 
 
 def lockstep_map(
@@ -231,13 +265,16 @@ def _forget(staged: Staged) -> None:
     """Let go of the batches Map B kept in this process for a Map E that will not come."""
     for batch in staged.batches:
         _KEPT.pop((_detecting(staged.run), batch), None)
+        _KEPT.pop((_levelling(staged.run), batch), None)
 
 
 @dataclass(frozen=True)
 class Staged:
     """Where the staged path left its batches, for Map E (:func:`detect`): the engine, the
-    plan, the run's name (the batches Map B kept), and each batch's nodes, GPUs (uuids) and
-    tenants' names."""
+    plan, the run's name (the batches Map B kept), each batch's nodes, GPUs (uuids) and
+    tenants' names, how many batches a process keeps (:class:`LoadShared`), how many times
+    each batch was read from the inputs so far (Map E adds its reads), and how many batches
+    each of Map E's rounds had work for."""
 
     engine: Engine
     plan: WindowPlan
@@ -245,6 +282,9 @@ class Staged:
     batches: tuple[tuple[str, ...], ...]
     gpus: tuple[tuple[str, ...], ...]
     tenants: tuple[frozenset[str], ...]
+    keep: int | None = None
+    reads: Counter[tuple[str, ...]] = field(default_factory=Counter)
+    rounds: list[int] = field(default_factory=list)
 
 
 def load_and_classify_staged(
@@ -293,11 +333,12 @@ def load_and_classify_staged(
     where = "here" if isinstance(engine, SerialEngine) else f"on {engine.name}"
     progress(0.05, f"reading {len(plan.nodes):,} nodes in {len(runs)} batches {where}")
     run = uuid.uuid4().hex  # names this analysis's kept batches in every worker
-    counted = engine.map(load_batch, runs, engine.broadcast(LoadShared(plan, th, run)))
+    keep = None if isinstance(engine, SerialEngine) else KEPT_BATCHES
+    counted = engine.map(load_batch, runs, engine.broadcast(LoadShared(plan, th, run, keep)))
     idle = fleet_idle(merge_histograms(x.idle for x in counted))
     offsets = itertools.accumulate((x.gpus for x in counted), initial=0)
     items = list(zip(runs, offsets, strict=False))  # accumulate gives one more: the total
-    shared = engine.broadcast(SpansShared(plan, th, idle, run))
+    shared = engine.broadcast(SpansShared(plan, th, idle, run, keep))
     progress(0.3, f"classifying the spans of {sum(x.gpus for x in counted):,} GPUs")
     classified = engine.map(spans_batch, items, shared)
     data = merge(plan, [x.data for x in classified])
@@ -313,6 +354,8 @@ def load_and_classify_staged(
         tuple(runs),
         tuple(tuple(g.uuid for g in x.data.gpus) for x in classified),
         tuple(frozenset(x.data.tenants) for x in classified),
+        keep,
+        Counter(runs) + Counter(batch for batch, x in zip(runs, classified, strict=True) if x.read),
     )
     verdicts = finish(data, spans, found, th)
     if isinstance(engine, SerialEngine) and batch_size is None:  # a small fleet, here
@@ -338,8 +381,9 @@ class DetectItem:
 class DetectShared:
     """What every Map E task reads: the plan, thresholds and run's name; the fleet's tenants
     and their declarations, how many GPUs each declaring tenant holds, the tenants on more than
-    one batch; the fleet's solo rows asked for so far (:func:`analyzer.neighbors.solo_rows`)
-    and, in the second round, the fleet's levels (:data:`analyzer.starved.Levels`)."""
+    one batch; the fleet's solo rows asked for so far (:func:`analyzer.neighbors.solo_rows`);
+    in the second round, the fleet's levels (:data:`analyzer.starved.Levels`); and how many
+    batches a process keeps (:class:`LoadShared`)."""
 
     plan: WindowPlan
     thresholds: Thresholds
@@ -350,13 +394,15 @@ class DetectShared:
     crossing: frozenset[str]
     solo: dict[tuple[str, str | None], list[neighbors.SoloRow]]
     levels: starved.Levels | None = None
+    keep: int | None = KEPT_BATCHES
 
 
 @dataclass(frozen=True, slots=True)
 class Spotted:
     """Map E's result for one batch: each detector's findings there (the noisy neighbours'
-    co-tenants and host CPU apart, as the fleet run orders them), starved's part, and the solo
-    keys it lacked (then nothing else is final)."""
+    co-tenants and host CPU apart, as the fleet run orders them), starved's part, the solo
+    keys it lacked (then nothing else is final), and whether the task read its batch from the
+    inputs (its process had not kept it)."""
 
     idle_held: Detected
     cotenants: tuple[Finding, ...]
@@ -365,11 +411,13 @@ class Spotted:
     starved: starved.Part
     declared: Detected
     missing: frozenset[tuple[str, str | None]] = frozenset()
+    read: bool = False
 
 
 @dataclass(frozen=True)
 class _Seen:
-    """A batch's context and what the detectors before ``starved`` found in it."""
+    """A batch's context and what the detectors before ``starved`` found in it; ``read``: its
+    data was read from the inputs for it (not kept here)."""
 
     ctx: Context
     idle: Detected
@@ -377,50 +425,51 @@ class _Seen:
     host_cpu: tuple[Finding, ...]
     noisy: Detected
     missing: frozenset[tuple[str, str | None]]
+    read: bool = False
 
     @property
     def explained(self) -> frozenset[tuple[str, float]]:
         return self.idle.explained | self.noisy.explained
 
 
-#: Map E's batches between its two rounds, by (run, batch): a batch with jobs held back for the
-#: fleet's levels, kept where its first round ran (at most :data:`KEPT_BATCHES`).
-_SEEN: dict[tuple[str, tuple[str, ...]], _Seen] = {}
-
 _NOTHING = Spotted(Detected(()), (), (), Detected(()), starved.Part({}, {}, (), {}), Detected(()))
 
 
 def detect_batch(item: DetectItem, shared: DetectShared) -> Spotted:
     """Map E over one batch: the detectors before ``starved`` in full, ``starved``'s part,
-    ``declared_mismatch``; in the second round, only the jobs held back."""
-    key = (shared.run, item.batch)
+    ``declared_mismatch``; in the second round, only the jobs held back. The batch stays kept
+    here (:data:`_KEPT`) until the last round that needs it: the solo round when it lacked the
+    fleet's solo rows, the levels round (its context and first findings) when it held jobs
+    back for the fleet's levels."""
     if item.waiting is not None and not item.waiting:
         return _NOTHING  # a later round that has nothing for this batch
     if item.waiting is not None:
-        seen = _SEEN.pop(key, None) or _see(item, shared)
+        kept = _take_seen((_levelling(shared.run), item.batch))
+        seen = kept or _see(item, shared)
         part = starved.local(
             seen.ctx, seen.explained, shared.crossing, shared.levels or {}, item.waiting
         )
-        return Spotted(Detected(()), (), (), Detected(()), part, Detected(()))
+        nothing = Detected(())
+        return Spotted(nothing, (), (), nothing, part, nothing, read=kept is None and seen.read)
     seen = _see(item, shared)
     if seen.missing:  # run again with the fleet's rows: keep the batch for it
-        _keep((_detecting(shared.run), item.batch), seen.ctx.data)
-        return dataclasses.replace(_NOTHING, missing=seen.missing)
+        _keep((_detecting(shared.run), item.batch), seen.ctx.data, shared.keep)
+        return dataclasses.replace(_NOTHING, missing=seen.missing, read=seen.read)
     part = starved.local(seen.ctx, seen.explained, shared.crossing)
-    if part.waiting:
-        _SEEN[key] = seen
-        while len(_SEEN) > KEPT_BATCHES:
-            del _SEEN[next(iter(_SEEN))]
+    if part.waiting:  # the levels round decides them: keep what it needs
+        _keep((_levelling(shared.run), item.batch), seen, shared.keep)
     ctx = seen.ctx
     mismatched = declared.counted(ctx, declared.by_gpu(ctx.data), shared.declared_gpus)
-    return Spotted(seen.idle, seen.cotenants, seen.host_cpu, seen.noisy, part, mismatched)
+    return Spotted(
+        seen.idle, seen.cotenants, seen.host_cpu, seen.noisy, part, mismatched, read=seen.read
+    )
 
 
 def _see(item: DetectItem, shared: DetectShared) -> _Seen:
     """The batch's context (its data as Map B kept it, else read again, with the fleet's
     tenants, declarations and reach) and the detectors before ``starved`` over it."""
     plan = shared.plan
-    kept = _KEPT.pop((_detecting(shared.run), item.batch), None)
+    kept = _take_data((_detecting(shared.run), item.batch))
     data = dataclasses.replace(
         kept or load_nodes(item.batch, plan),
         window_start=plan.window_start,
@@ -435,16 +484,22 @@ def _see(item: DetectItem, shared: DetectShared) -> _Seen:
     solo = neighbors.batch_solo(ctx, shared.solo)
     gpu, cpu = neighbors.parts(ctx, solo)
     noisy = neighbors.detected(ctx, gpu + cpu)
-    return _Seen(ctx, idle, tuple(gpu), tuple(cpu), noisy, frozenset(solo.missing))
+    missing = frozenset(solo.missing)
+    return _Seen(ctx, idle, tuple(gpu), tuple(cpu), noisy, missing, read=kept is None)
 
 
-def detect(staged: Staged, ctx: Context) -> Results:
+def detect(
+    staged: Staged,
+    ctx: Context,
+    intents: dict[str, tuple[str, Declared]] | None = None,
+) -> Results:
     """Map E: the detectors' :class:`analyzer.findings.Results` over the fleet (``ctx``, the
     fleet's context: the driver decides there what crosses batches), the same as
-    :func:`analyzer.findings.run` over it."""
+    :func:`analyzer.findings.run` over it. ``intents``: :func:`analyzer.declared.by_gpu` of
+    the fleet where the caller has it already (a walk over every GPU's tenancy: 0.2 CPU-s of
+    the driver's at 1,024 GPUs)."""
     if not all(v.verdict is not None and v.verdict.ref is not None for v in ctx.views.values()):
         return findings_run(ctx)  # references from the fleet's data: not a batch's to give
-    engine = staged.engine
     items = [
         DetectItem(nodes, tuple(v for u in uuids if (v := ctx.views[u].verdict) is not None))
         for nodes, uuids in zip(staged.batches, staged.gpus, strict=True)
@@ -455,16 +510,17 @@ def detect(staged: Staged, ctx: Context) -> Results:
         staged.run,
         ctx.data.tenants,
         ctx.data.declarations,
-        dict(declared.gpus_by_tenant(declared.by_gpu(ctx.data))),
+        dict(declared.gpus_by_tenant(declared.by_gpu(ctx.data) if intents is None else intents)),
         _crossing(staged.tenants),
         {},
+        keep=staged.keep,
     )
-    spotted = engine.map(detect_batch, items, engine.broadcast(shared))
+    spotted = _round(staged, items, shared)
     missing = {key for s in spotted for key in s.missing}
     if missing:  # a victim measured against its workload's solo runs over the fleet
         shared = dataclasses.replace(shared, solo=neighbors.solo_rows(ctx, missing))
         again = [item if s.missing else _idle(item) for item, s in zip(items, spotted, strict=True)]
-        redone = engine.map(detect_batch, again, engine.broadcast(shared))
+        redone = _round(staged, again, shared)
         spotted = [r if s.missing else s for s, r in zip(spotted, redone, strict=True)]
     idle = _union(s.idle_held for s in spotted)
     noisy = Detected(
@@ -473,7 +529,7 @@ def detect(staged: Staged, ctx: Context) -> Results:
         frozenset().union(*(s.noisy.explained for s in spotted)),
     )
     explained = idle.explained | noisy.explained
-    hungry = _starved(engine, ctx, items, shared, spotted, explained)
+    hungry = _starved(staged, ctx, items, shared, spotted, explained)
     mismatched = sorted((f for s in spotted for f in s.declared.findings), key=lambda f: f.uuid)
     return results(
         {
@@ -484,6 +540,15 @@ def detect(staged: Staged, ctx: Context) -> Results:
             declared.KIND: Detected(tuple(mismatched)),
         }
     )
+
+
+def _round(staged: Staged, items: list[DetectItem], shared: DetectShared) -> list[Spotted]:
+    """One round of Map E on the staged engine, the batches its tasks read again counted."""
+    engine = staged.engine
+    spotted = engine.map(detect_batch, items, engine.broadcast(shared))
+    staged.reads.update(item.batch for item, s in zip(items, spotted, strict=True) if s.read)
+    staged.rounds.append(sum(item.waiting is None or bool(item.waiting) for item in items))
+    return spotted
 
 
 def _idle(item: DetectItem) -> DetectItem:
@@ -512,7 +577,7 @@ def _union(parts: Iterable[Detected]) -> Detected:
 
 
 def _starved(
-    engine: Engine,
+    staged: Staged,
     ctx: Context,
     items: list[DetectItem],
     shared: DetectShared,
@@ -537,7 +602,7 @@ def _starved(
             else _idle(item)
             for item, s in zip(items, spotted, strict=True)
         ]
-        for s in engine.map(detect_batch, again, engine.broadcast(shared)):
+        for s in _round(staged, again, shared):
             decided.update(s.starved.decided)
     decided.update(starved.decide(ctx, spread, owns, levels, explained))
     return starved.assemble(decided)

@@ -22,7 +22,7 @@ from analyzer.context import (
     running_sum,
 )
 from analyzer.load import Bucket, CgroupBucket, GpuInfo, TenantBucket
-from analyzer.recommendations import quantile, quantiles
+from analyzer.recommendations import column_quantile, quantile, quantiles
 from analyzer.recommendations.forward import DAY, Forecast, _scored, flat_trend, slot_of
 from analyzer.reference import PowerRef
 from analyzer.summary import _means
@@ -187,6 +187,32 @@ def test_quantiles_sorted_once_are_each_quantile(
     weights = [w for _, w in pairs]
     got = quantiles(np.array(values), np.array(weights), (q, 0.5))
     assert got == [quantile(values, q, weights), quantile(values, 0.5, weights)]
+
+
+@given(
+    st.lists(st.one_of(st.sampled_from([0.0, 0.5, 250.0, 700.0]), st.floats(0.0, 1e4))),
+    st.one_of(st.sampled_from([0.0, 0.5, 0.95, 0.99, 1.0]), st.floats(0.0, 1.0)),
+)
+def test_a_column_quantile_by_partition_is_the_sorted_quantile(
+    values: list[float], q: float
+) -> None:
+    """``power``'s p99 over every bucket of a class: a partition gives :func:`quantile`'s value
+    (ties and the q that falls on a count included)."""
+    assert column_quantile(np.array(values), q) == quantile(values, q)
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([300.0, 400.0, 700.0]), st.integers(1, 50)), min_size=1),
+    st.sampled_from([0.0, 0.5, 0.99, 1.0]),
+)
+def test_a_quantile_weighted_by_counts_is_the_quantile_of_the_repeated_values(
+    counts: list[tuple[float, int]], q: float
+) -> None:
+    """``power``'s median limit: each GPU's limit weighted by its buckets is the quantile of the
+    limit repeated once per bucket, as it was."""
+    repeated = [limit for limit, n in counts for _ in range(n)]
+    values, weights = [v for v, _ in counts], [float(n) for _, n in counts]
+    assert quantile(values, q, weights) == quantile(repeated, q)
 
 
 @given(

@@ -9,6 +9,7 @@ import dataclasses
 import math
 import random
 import statistics
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -504,3 +505,27 @@ def test_the_detectors_per_batch_give_the_fleet_runs_results(
     owns = starved.own_levels(ctx, jobs)
     assert any(starved.needs_levels(ctx, j, owns[j.name]) for j in jobs), "on the fleet's levels"
     assert detect(staged, context(data, verdicts, th)) == expected
+    if engine == "serial":  # one process, which keeps every batch: each is read once in all
+        assert staged.reads == Counter(staged.batches)
+
+
+def test_a_pool_worker_reads_each_of_its_batches_once(every_kind: Path, pool: PoolEngine) -> None:
+    """Two batches a worker (what each keeps, :data:`analyzer.stages.KEPT_BATCHES`): Map A
+    reads each batch once, and Map B and every round of Map E find it where the batch's
+    earlier stage left it, the second rounds (the fleet's solo rows, its levels) included."""
+    from analyzer import declared
+    from analyzer.context import context
+    from analyzer.findings import run
+    from analyzer.load import inputs
+    from analyzer.stages import KEPT_BATCHES, detect, load_and_classify_staged
+
+    th = Thresholds()
+    paths = inputs([str(every_kind)])
+    data, observed, staged = load_and_classify_staged(
+        pool, paths, 7 * 86400.0, thresholds=th, batch_size=3
+    )
+    assert staged is not None and len(staged.batches) == KEPT_BATCHES * pool.workers
+    verdicts = declared.combine(data, observed)
+    assert detect(staged, context(data, verdicts, th)) == run(context(data, verdicts, th))
+    assert staged.rounds == [4, 1, 2]  # a batch lacked solo rows; two held jobs for levels
+    assert staged.reads == Counter(staged.batches)

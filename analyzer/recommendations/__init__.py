@@ -188,6 +188,17 @@ def quantile(values: list[float], q: float, weights: list[float] | None = None) 
     return values[_quantile_positions(v, w, sum(weights), (q,))[0]]
 
 
+def column_quantile(values: Floats, q: float) -> float:
+    """:func:`quantile` of a column without weights in linear time: the same value, the k-th
+    smallest, found by a partition instead of a sort (k is where :func:`quantile`'s running
+    count of ones first reaches ``q`` of them)."""
+    n = len(values)
+    if n == 0:
+        return 0.0
+    k = min(max(math.ceil(q * n - 1e-12) - 1, 0), n - 1)
+    return float(np.partition(values, k)[k])
+
+
 def quantiles(values: Floats, weights: Floats, qs: tuple[float, ...]) -> list[float]:
     """:func:`quantile` of one sample at each of ``qs`` (non-empty columns), sorted once: the
     forecasts ask each slot for its upper quantile and its median."""

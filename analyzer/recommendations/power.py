@@ -16,17 +16,26 @@ import numpy as np
 from analyzer.context import (
     CLASS_CODES,
     IDLE_CODE,
+    Floats,
     add_by,
     class_codes,
     column,
     first_seen,
     running_sum,
 )
-from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, quantile, register
+from analyzer.recommendations import (
+    Inputs,
+    NotEnoughData,
+    Recommendation,
+    column_quantile,
+    quantile,
+    register,
+)
 
 #: Classes whose GPUs may be capped: their work is latency- or throughput-bound below the cap.
 #: Training is left alone (a cap slows every rank), and idle or held GPUs draw idle power anyway.
 CAPPABLE = ("inference", "batch")
+_CAPPABLE_CODES = frozenset(CLASS_CODES.index(c) for c in CAPPABLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +59,8 @@ class PowerStrategy:
         held: dict[str, float] = {}
         node_kwh: dict[str, float] = {}
         node_useful: dict[str, float] = {}
-        power_by_class: dict[str, list[float]] = {}
-        limits: dict[str, list[float]] = {}
+        power_by_class: dict[str, list[Floats]] = {}  # per GPU's buckets of the class
+        limits: dict[str, dict[float, int]] = {}  # each GPU's limit, by its buckets there
         points = 0
         for v in inputs.verdicts:  # per GPU, as columns; sums in the buckets' order
             buckets = data.buckets.get(v.info.uuid, ())
@@ -72,12 +81,16 @@ class PowerStrategy:
             node = v.info.node
             node_useful[node] = running_sum(node_useful.get(node, 0.0), np.full(busy.sum(), hours))
             # A power limit is set per physical GPU: a MIG instance cannot be capped.
-            if v.info.power_limit_watts and v.info.parent_uuid is None:
+            limit = v.info.power_limit_watts
+            if limit and v.info.parent_uuid is None:
                 for code in first_seen(codes[busy]):
+                    if code not in _CAPPABLE_CODES:  # never capped: no quantiles to take
+                        continue
                     key = f"{CLASS_CODES[code]} {v.info.model or '?'}"
-                    mine = watts[codes == code].tolist()
-                    power_by_class.setdefault(key, []).extend(mine)
-                    limits.setdefault(key, []).extend([v.info.power_limit_watts] * len(mine))
+                    mine = watts[codes == code]
+                    power_by_class.setdefault(key, []).append(mine)
+                    counts = limits.setdefault(key, {})
+                    counts[limit] = counts.get(limit, 0) + len(mine)
         if points < self.settings.min_points:
             return NotEnoughData(self.kind, "power is not reported (or fewer than 100 points)")
         lost = self._lost_by_class(inputs)
@@ -138,16 +151,27 @@ class PowerStrategy:
         )
 
     def _caps(
-        self, inputs: Inputs, power: dict[str, list[float]], limits: dict[str, list[float]]
+        self,
+        inputs: Inputs,
+        by_gpu: dict[str, list[Floats]],
+        limits: dict[str, dict[float, int]],
     ) -> list[Recommendation]:
+        """A cap per cappable class and model whose p99 power stays low. The quantiles are
+        over every bucket of the class, the fleet's (``by_gpu``: each GPU's powers there;
+        ``limits``: each limit and how many of those buckets it had): the median limit is
+        weighted by those counts, and the p99 is a partition of the powers, not a sort (the
+        same values as the sorted lists of every bucket it replaced; 1,024 GPUs held a list
+        of a million powers and another of their limits)."""
         s = self.settings
         out = []
+        power = {key: np.concatenate(parts) for key, parts in by_gpu.items()}
         for key in sorted(power):
             cls, model = key.split(" ", 1)
             if cls not in CAPPABLE or len(power[key]) < s.min_points:
                 continue
-            limit = quantile(limits[key], 0.5)
-            p99 = quantile(power[key], 0.99)
+            counts = limits[key]
+            limit = quantile(list(counts), 0.5, [float(n) for n in counts.values()])
+            p99 = column_quantile(power[key], 0.99)
             if p99 >= s.cap_below_ratio * limit:
                 continue
             cap = min(p99 * (1 + s.cap_headroom_ratio), limit)
