@@ -335,20 +335,24 @@ class VirtualNvmlLibrary:
             gpu.record_process_samples(now)
         return gpu
 
-    def _index(self, handle: Any) -> int:
-        """The GPU index a handle points at (cached per handle object: pynvml reuses them).
-        A MIG device's handle points into its parent's block (see :meth:`_instance`)."""
+    def _offset(self, handle: Any) -> int:
+        """How far past the first GPU's block a handle points (cached per handle object: pynvml
+        reuses them, and ``ctypes.cast`` on every call was the virtual driver's largest cost)."""
         cached = self._handle_cache.get(id(handle))
         if cached is not None and cached[0] is handle:
             return cached[1]
-        index = (_address(handle) - _HANDLE_BASE) // _HANDLE_STRIDE
-        self._handle_cache[id(handle)] = (handle, index)
-        return index
+        offset = _address(handle) - _HANDLE_BASE
+        self._handle_cache[id(handle)] = (handle, offset)
+        return offset
 
-    @staticmethod
-    def _instance(handle: Any, gpu: VirtualGpu) -> VirtualMigInstance | None:
+    def _index(self, handle: Any) -> int:
+        """The GPU index a handle points at. A MIG device's handle points into its parent's
+        block (see :meth:`_instance`)."""
+        return self._offset(handle) // _HANDLE_STRIDE
+
+    def _instance(self, handle: Any, gpu: VirtualGpu) -> VirtualMigInstance | None:
         """The MIG device behind ``handle`` (``None`` for the parent's own handle)."""
-        slot = (_address(handle) - _HANDLE_BASE) % _HANDLE_STRIDE
+        slot = self._offset(handle) % _HANDLE_STRIDE
         if slot == 0 or slot > len(gpu.mig_instances):
             return None
         return gpu.mig_instances[slot - 1]

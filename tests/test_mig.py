@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -507,6 +508,43 @@ def test_the_agent_follows_a_re_partitioning_while_it_runs(tmp_path, clock) -> N
     store.close()
     events = query(tmp_path / "s.duckdb", "SELECT kind, detail FROM agent_events")
     assert events == [("mig_layout_changed", "MIG 3g.40gb,2g.20gb,1g.10gb -> 4g.40gb,3g.40gb")]
+
+
+def test_a_gpu_hung_in_the_layout_check_does_not_hide_another_gpus_re_partitioning(
+    tmp_path, clock
+) -> None:
+    """The MIG check reads every MIG-capable GPU in one batch: the hung H100 costs one
+    deadline and is reported hung by the tick, and the A100 after it is still checked."""
+    gpus = _partitioned()
+    store = Store(tmp_path / "s.duckdb")
+    sampler = Sampler(
+        NODE,
+        Nvml(library(gpus, clock)),
+        HostReader(NODE, proc_root=FIXTURES / "proc", sys_root=tmp_path),
+        ProcReader(FIXTURES / "proc", user_name=str),
+        store,
+        clock=clock,
+        deadline_seconds=0.2,
+        event_thread=False,
+    )
+    sampler.start()
+    gpus[0].hang = threading.Event()
+    partition(gpus[1], mig_layout("A100-80GB", ["7g.80gb"]))
+    try:
+        clock.advance(61)
+        sampler.tick()
+        snap = sampler.snapshot()
+    finally:
+        gpus[0].hang.set()
+    a100 = sorted(d.mig_profile for d in snap.devices if d.gpu_index == 1 and d.parent_uuid)
+    assert a100 == ["7g.80gb"]
+    assert [s.up for s in snap.gpus if s.uuid == gpus[0].uuid] == [False]
+    sampler.stop()
+    store.flush()
+    store.close()
+    events = query(tmp_path / "s.duckdb", "SELECT kind, uuid FROM agent_events ORDER BY ts, kind")
+    assert ("gpu_hung", gpus[0].uuid) in events
+    assert ("mig_layout_changed", gpus[1].uuid) in events
 
 
 def test_a_reopened_partitioned_gpu_still_lists_its_processes_on_its_instances(clock) -> None:
