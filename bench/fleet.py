@@ -214,10 +214,31 @@ def generate(work: Path, nodes: int, days: float, interval: float, mix: str = "d
     stores.mkdir(parents=True, exist_ok=True)
     for old in stores.glob("*.duckdb*"):
         old.unlink()
+    made = _made_elsewhere(work, stores.name, mix, interval, days)
     for node in range(nodes):
-        make_store(stores / f"node-{node:04d}.duckdb", node, days, interval, mix)
+        path = stores / f"node-{node:04d}.duckdb"
+        if path.name in made:
+            shutil.copyfile(made[path.name], path)
+        else:
+            make_store(path, node, days, interval, mix)
+        if node % 256 == 255:
+            print(f"  {stores.name}: {node + 1} of {nodes} nodes", file=sys.stderr, flush=True)
     (stores / "done").write_text("")
     return stores
+
+
+def _made_elsewhere(
+    work: Path, name: str, mix: str, interval: float, days: float
+) -> dict[str, Path]:
+    """The node stores a finished fleet of another size already holds, by file name: a node's
+    store depends only on its index, the mix, the interval and the days (:func:`make_store`),
+    so a larger fleet copies them rather than generating them again."""
+    found: dict[str, Path] = {}
+    for other in sorted(work.glob(f"{mix}-*gpus-{interval:g}s-{days:g}d")):
+        if other.name != name and (other / "done").exists():
+            for path in other.glob("node-*.duckdb"):
+                found.setdefault(path.name, path)
+    return found
 
 
 # -- measuring one analysis -----------------------------------------------------------------------
