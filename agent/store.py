@@ -83,6 +83,12 @@ log = logging.getLogger(__name__)
 _ALIAS = "aiscope_store"
 _SAMPLE_TABLES = {r.TABLE: r for r in SAMPLE_RECORDS}
 _KEYED_TABLES = {r.TABLE: r for r in KEYED_RECORDS}
+#: Where ``first_seen_ts`` sits in a keyed table's rows, for the tables that have one.
+_FIRST_SEEN_AT = {
+    r.TABLE: columns(r).index("first_seen_ts")
+    for r in KEYED_RECORDS
+    if "first_seen_ts" in columns(r)
+}
 #: Rollups lag real time by this much, so late rows of a minute are not cut off.
 _ROLLUP_LATENESS_SECONDS = 120.0
 
@@ -213,7 +219,9 @@ class _Buffer:
             if isinstance(record, Process):
                 record = _redacted(record)
             key = tuple(getattr(record, k) for k in type(record).KEY)
-            self.keyed[table][key] = as_row(record)
+            self.keyed[table][key] = _earliest_first_seen(
+                table, as_row(record), self.keyed[table].get(key)
+            )
             return
         queue = self.rows[table]
         if len(queue) >= self.capacity:
@@ -224,6 +232,22 @@ class _Buffer:
 
     def depth(self) -> int:
         return sum(len(q) for q in self.rows.values())
+
+
+def _earliest_first_seen(
+    table: str, row: tuple[Any, ...], buffered: tuple[Any, ...] | None
+) -> tuple[Any, ...]:
+    """``row`` replacing ``buffered`` (latest wins), but with the earlier ``first_seen_ts`` of
+    the two: each scan dates a process first seen "now", so between two flushes the row kept
+    must carry the first scan's time, as :func:`upsert_rows` does across flushes. (A flush
+    held off by a reader, or the simulator's day-long flushes, lost it: the demo's processes
+    read first seen 51 h late on average.)"""
+    at = _FIRST_SEEN_AT.get(table)
+    if at is None or buffered is None or buffered[at] is None:
+        return row
+    if row[at] is not None and row[at] <= buffered[at]:
+        return row
+    return (*row[:at], buffered[at], *row[at + 1 :])
 
 
 class Store:

@@ -21,14 +21,15 @@ test suite's fixture does), each measured the same way:
 
 * wall seconds;
 * CPU seconds, user + system: the analysing process and everything it waited for (the pool's
-  workers), plus, for Ray, the CPU every process of the Ray session (raylet, GCS, workers and
-  the workers they reaped) spent between the start and the end of the analysis
-  (``/proc/PID/stat``), so Ray's own overhead is counted too;
+  workers), plus, for Ray, the CPU every process of the Ray session (raylet, GCS, the actors)
+  spent during the analysis (``/proc/PID/stat``, sampled every 0.2 s while it runs by
+  :class:`RayWatch`: the analysis kills its actors at the end, so a reading afterwards misses
+  their work), so Ray's own overhead is counted too;
 * peak RSS of the driver (the analysing process's own ``ru_maxrss``) and of the largest worker:
   a pool's workers by ``getrusage(RUSAGE_CHILDREN)`` in the analysing process (the largest of
   the processes it reaped); Ray's by the high-water mark (``VmHWM``) of each ``ray::`` process
-  of the session, read after the analysis and before the teardown (a worker that exited
-  before then is not seen);
+  of the session, sampled while the analysis runs (the last 0.2 s of a worker's life are
+  not seen);
 * CPU-seconds per GPU-week: CPU / (GPUs x days / 7), which should stay flat as the fleet grows.
 
 And the per-GPU 5-minute bucket aggregation the analyzer does (:func:`analyzer.load.load`'s
@@ -60,9 +61,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,10 +214,31 @@ def generate(work: Path, nodes: int, days: float, interval: float, mix: str = "d
     stores.mkdir(parents=True, exist_ok=True)
     for old in stores.glob("*.duckdb*"):
         old.unlink()
+    made = _made_elsewhere(work, stores.name, mix, interval, days)
     for node in range(nodes):
-        make_store(stores / f"node-{node:04d}.duckdb", node, days, interval, mix)
+        path = stores / f"node-{node:04d}.duckdb"
+        if path.name in made:
+            shutil.copyfile(made[path.name], path)
+        else:
+            make_store(path, node, days, interval, mix)
+        if node % 256 == 255:
+            print(f"  {stores.name}: {node + 1} of {nodes} nodes", file=sys.stderr, flush=True)
     (stores / "done").write_text("")
     return stores
+
+
+def _made_elsewhere(
+    work: Path, name: str, mix: str, interval: float, days: float
+) -> dict[str, Path]:
+    """The node stores a finished fleet of another size already holds, by file name: a node's
+    store depends only on its index, the mix, the interval and the days (:func:`make_store`),
+    so a larger fleet copies them rather than generating them again."""
+    found: dict[str, Path] = {}
+    for other in sorted(work.glob(f"{mix}-*gpus-{interval:g}s-{days:g}d")):
+        if other.name != name and (other / "done").exists():
+            for path in other.glob("node-*.duckdb"):
+                found.setdefault(path.name, path)
+    return found
 
 
 # -- measuring one analysis -----------------------------------------------------------------------
@@ -268,9 +291,9 @@ def analyze(stores: Path, engine: str, extra: list[str], ray: RayHead | None = N
     out = stores.parent / f"{stores.name}.{engine}.json"
     command = [sys.executable, "-c", _ANALYSE, "analyze", "--store", str(stores)]
     command += ["--format", "json", *extra]
-    before = ray.cpu_seconds() if ray is not None else 0.0
+    watch = RayWatch(ray) if ray is not None else None
     started = time.perf_counter()
-    with out.open("w") as sink:
+    with out.open("w") as sink, watch if watch is not None else nullcontext():
         done = subprocess.run(
             [sys.executable, "-c", _LAUNCHER, *command],
             check=False,
@@ -289,9 +312,9 @@ def analyze(stores: Path, engine: str, extra: list[str], ray: RayHead | None = N
     line = next(x for x in reversed(err.splitlines()) if x.startswith("BENCH-RUSAGE"))
     own_kib, kids_kib, cpu = line.split()[1:]
     workers = int(kids_kib) * 1024 if engine == "pool" else None
-    if ray is not None:
-        cpu = str(float(cpu) + ray.cpu_seconds() - before)
-        workers = ray.worker_peak_bytes()
+    if watch is not None:
+        cpu = str(float(cpu) + watch.cpu_seconds())
+        workers = watch.worker_peak_bytes
     return Run(engine, wall, float(cpu), int(own_kib) * 1024, workers, _census(out))
 
 
@@ -340,32 +363,6 @@ class RayHead:
                 out.append(int(entry.name))
         return out
 
-    def cpu_seconds(self) -> float:
-        """User + system CPU of the session's processes so far, and of the children they
-        reaped (a raylet reaps its finished workers)."""
-        tick = os.sysconf("SC_CLK_TCK")
-        total = 0
-        for pid in self.pids():
-            fields = _stat_fields(Path(f"/proc/{pid}"))
-            if fields is not None:
-                total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-        return total / tick
-
-    def worker_peak_bytes(self) -> int | None:
-        """The largest high-water mark (``VmHWM``) among the session's ``ray::`` workers."""
-        peaks = []
-        for pid in self.pids():
-            try:
-                if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::"):
-                    continue
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:  # it exited meanwhile
-                continue
-            found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
-            if found:
-                peaks.append(int(found.group(1)) * 1024)
-        return max(peaks) if peaks else None
-
 
 def _stat_fields(proc: Path) -> list[str] | None:
     """``/proc/PID/stat`` after the command name (field 3 onwards), or None once it exited."""
@@ -379,6 +376,74 @@ def _stat_fields(proc: Path) -> list[str] | None:
 def _session_of(proc: Path) -> int | None:
     fields = _stat_fields(proc)
     return int(fields[3]) if fields is not None else None  # field 6: the session id
+
+
+class RayWatch:
+    """CPU and worker memory of a Ray session over one analysis, sampled while it runs.
+
+    The analysis kills its actors when it ends, and a killed actor's CPU is not added to its
+    raylet's (children's times count only when the parent waits for them), so reading the
+    session once after the run missed the actors' work entirely. A thread reads every
+    process of the session every ``period_seconds`` and keeps each one's last CPU and its
+    largest ``VmHWM``; a process's work after its last sample is missed, and an actor is idle
+    between the analysis's last call and its kill, so that is little."""
+
+    def __init__(self, head: RayHead, period_seconds: float = 0.2) -> None:
+        self._head = head
+        self._period = period_seconds
+        self._first: dict[int, int] = {}  # pid -> ticks when first seen (0 when born during)
+        self._last: dict[int, int] = {}
+        self._peaks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ray-watch", daemon=True)
+        self._sample(before=True)
+
+    def __enter__(self) -> RayWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._period):
+            self._sample()
+
+    def _sample(self, before: bool = False) -> None:
+        for pid in self._head.pids():
+            fields = _stat_fields(Path(f"/proc/{pid}"))
+            if fields is None:
+                continue
+            ticks = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+            self._first.setdefault(pid, ticks if before else 0)
+            self._last[pid] = ticks
+            peak = _worker_hwm_bytes(pid)
+            if peak is not None:
+                self._peaks[pid] = max(peak, self._peaks.get(pid, 0))
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU the session's processes spent while watched."""
+        ticks = sum(last - self._first.get(pid, 0) for pid, last in self._last.items())
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    @property
+    def worker_peak_bytes(self) -> int | None:
+        """The largest high-water mark (``VmHWM``) of the session's ``ray::`` workers."""
+        return max(self._peaks.values()) if self._peaks else None
+
+
+def _worker_hwm_bytes(pid: int) -> int | None:
+    """A ``ray::`` worker's ``VmHWM``; None for another process or one that exited."""
+    try:
+        if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::"):
+            return None
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) * 1024 if found else None
 
 
 @contextmanager

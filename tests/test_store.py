@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -163,6 +164,31 @@ def test_keyed_records_upsert_and_keep_first_seen(tmp_path: Path) -> None:
     ]
     assert con.execute("SELECT power_limit_watts FROM devices").fetchall() == [(500.0,)]
     con.close()
+
+
+def test_first_seen_is_the_first_scan_even_between_two_flushes(tmp_path: Path) -> None:
+    """Three scans of one process before one flush (a flush held off, or the simulator's
+    long flush intervals): the row written is the last scan's, first seen at the first's."""
+    store = Store(tmp_path / "s.duckdb")
+    proc = Process(
+        "n1", 10, 555, "python", "python train.py", "alice", None, "41823", None, None, None,
+        first_seen_ts=100.0, last_seen_ts=100.0,
+    )  # fmt: skip
+    for ts in (100.0, 160.0, 220.0):
+        store.add([dataclasses.replace(proc, first_seen_ts=ts, last_seen_ts=ts)])
+    store.flush()
+    assert _processes(store.path) == [(100.0, 220.0, "python train.py")]
+    store.add([dataclasses.replace(proc, first_seen_ts=50.0, last_seen_ts=280.0)])
+    store.flush()  # an earlier first sighting (another scanner's) still wins across flushes
+    assert _processes(store.path) == [(50.0, 280.0, "python train.py")]
+
+
+def _processes(path: Path) -> list[tuple[Any, ...]]:
+    con = connect_read_only(path)
+    try:
+        return con.execute("SELECT first_seen_ts, last_seen_ts, cmdline FROM processes").fetchall()
+    finally:
+        con.close()
 
 
 def test_rollups_then_retention(tmp_path: Path) -> None:
