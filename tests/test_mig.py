@@ -185,16 +185,24 @@ def test_a_scenario_with_an_invalid_layout_is_bad_input(tmp_path) -> None:
 # -- the exporter ------------------------------------------------------------------------------
 
 
-def _expositions(tmp_path: Path, clock: FakeClock) -> tuple[str, str]:
-    store = Store(tmp_path / "s.duckdb")
-    sampler = Sampler(
+def _sampler(
+    gpus: list[Any], clock: FakeClock, tmp_path: Path, store: Store, **options: Any
+) -> Sampler:
+    """The agent's sampler over ``gpus`` with the fixture host, as the agent builds it."""
+    return Sampler(
         NODE,
-        Nvml(library(_partitioned(), clock)),
+        Nvml(library(gpus, clock)),
         HostReader(NODE, proc_root=FIXTURES / "proc", sys_root=tmp_path),
         ProcReader(FIXTURES / "proc", user_name=str),
         store,
         clock=clock,
+        **options,
     )
+
+
+def _expositions(tmp_path: Path, clock: FakeClock) -> tuple[str, str]:
+    store = Store(tmp_path / "s.duckdb")
+    sampler = _sampler(_partitioned(), clock, tmp_path, store)
     sampler.start()
     for _ in range(2):
         clock.advance(1)
@@ -478,14 +486,7 @@ def test_imported_mig_instances_are_analyzed_as_instances(tmp_path) -> None:
 def test_the_agent_follows_a_re_partitioning_while_it_runs(tmp_path, clock) -> None:
     gpus = _partitioned()
     store = Store(tmp_path / "s.duckdb")
-    sampler = Sampler(
-        NODE,
-        Nvml(library(gpus, clock)),
-        HostReader(NODE, proc_root=FIXTURES / "proc", sys_root=tmp_path),
-        ProcReader(FIXTURES / "proc", user_name=str),
-        store,
-        clock=clock,
-    )
+    sampler = _sampler(gpus, clock, tmp_path, store)
     sampler.start()
     clock.advance(1)
     sampler.tick()
@@ -517,16 +518,7 @@ def test_a_gpu_hung_in_the_layout_check_does_not_hide_another_gpus_re_partitioni
     deadline and is reported hung by the tick, and the A100 after it is still checked."""
     gpus = _partitioned()
     store = Store(tmp_path / "s.duckdb")
-    sampler = Sampler(
-        NODE,
-        Nvml(library(gpus, clock)),
-        HostReader(NODE, proc_root=FIXTURES / "proc", sys_root=tmp_path),
-        ProcReader(FIXTURES / "proc", user_name=str),
-        store,
-        clock=clock,
-        deadline_seconds=0.2,
-        event_thread=False,
-    )
+    sampler = _sampler(gpus, clock, tmp_path, store, deadline_seconds=0.2, event_thread=False)
     sampler.start()
     gpus[0].hang = threading.Event()
     partition(gpus[1], mig_layout("A100-80GB", ["7g.80gb"]))
