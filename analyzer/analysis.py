@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import gc
-from collections.abc import Iterator
 from typing import Any
 
 from analyzer import declared
@@ -14,6 +11,7 @@ from analyzer.classify import CLASSES, GpuVerdict
 from analyzer.context import Finding, context, to_json
 from analyzer.engine import Engine
 from analyzer.findings import run as run_detectors
+from analyzer.heap import collector_paused
 from analyzer.load import FleetData, InputError, inputs
 from analyzer.mig import mig_json
 from analyzer.owners import account
@@ -58,35 +56,21 @@ def analyze(
     asked = parse_window(since, until)
     paths: list[Input] = inputs(stores)
     since_seconds = asked.since_seconds or 0.0
-    data, observed, staged = load_and_classify_staged(
-        engine,
-        paths,
-        since_seconds,
-        timeout,
-        asked.until,
-        asked.start,
-        thresholds,
-        batch_size,
-        progress,
-    )
-    with frozen_heap():
+    with collector_paused():  # millions of records, no cycles (analyzer.heap)
+        data, observed, staged = load_and_classify_staged(
+            engine,
+            paths,
+            since_seconds,
+            timeout,
+            asked.until,
+            asked.start,
+            thresholds,
+            batch_size,
+            progress,
+        )
         return _document(
             data, observed, staged, paths, asked, since, thresholds, accounting, progress
         )
-
-
-@contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """The loaded fleet (millions of bucket tuples) out of the cyclic collector's sight while
-    the document is built from it: the collections the tail's allocations set off walked them
-    again (256 GPUs: 0.29 CPU-s in the collector during the tail, 0.12 frozen; more at 1,024,
-    as a full collection walks the whole heap). They hold no cycles, and refcounting still
-    frees them; the collector sees them again after."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def _document(

@@ -48,6 +48,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from analyzer.heap import collector_paused
 from store.errors import AiscopeError, BadInput, Failure
 
 T = TypeVar("T")
@@ -115,9 +116,11 @@ def stage_name(fn: Callable[..., Any]) -> str:
 def run_stage(engine: str, stage: Callable[..., Any], call: Callable[[], R]) -> R:
     """``call()`` (which runs ``stage``) inside a worker, a stage's bug turned into a one-line
     :class:`EngineError` that names the stage and where it failed (the project's own errors
-    pass through as they are). It runs in the worker, where the traceback still is."""
+    pass through as they are). It runs in the worker, where the traceback still is. The
+    cyclic collector is paused while it runs (:mod:`analyzer.heap`)."""
     try:
-        return call()
+        with collector_paused():
+            return call()
     except AiscopeError:
         raise
     except Exception as exc:  # any bug in a stage: named here, where its traceback is

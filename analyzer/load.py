@@ -8,17 +8,15 @@ the length of the aggregation.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gc
 import glob
 import itertools
 import logging
 import multiprocessing
 import operator
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -27,6 +25,7 @@ import duckdb
 import numpy as np
 
 from analyzer import mig
+from analyzer.heap import collector_paused
 from analyzer.runs import Run
 from store import intent
 from store import storefile as sf
@@ -260,7 +259,7 @@ _BUCKETED: dict[str, type[tuple[Any, ...]]] = {"tenancy": TenantBucket}
 
 def _unpickle_fleet(state: dict[str, Any]) -> FleetData:
     """:meth:`FleetData.__reduce__`'s inverse: the plain tuples as records again."""
-    with _gc_paused():
+    with collector_paused():
         for name, record in _BUCKETED.items():
             state[name] = {k: as_records(record, v) for k, v in state[name].items()}
     return FleetData(**state)
@@ -1326,24 +1325,9 @@ def _first_uuid(con: duckdb.DuckDBPyConnection) -> str | None:
     return None if row is None or row[0] is None else str(row[0])
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a batch's records are built: they are tuples of
-    numbers and strings (no cycle for the collector to find), and the collections their
-    allocations set off walked them again and again (about a sixth of :func:`load_nodes`'
-    CPU). The collector's state is restored after, whatever happens."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _fetch(con: duckdb.DuckDBPyConnection, plan: WindowPlan) -> FleetData:
     """The materialized tables as records (one batch's nodes, or all of them)."""
-    with _gc_paused():
+    with collector_paused():
         return _fetch_records(con, plan)
 
 

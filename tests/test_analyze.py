@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import re
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analyzer.analysis import analyze, frozen_heap, parse_duration
+from analyzer.analysis import analyze, parse_duration
 from analyzer.load import InputError
 from store.schema import ALL_RECORDS, ROLLUP_COLUMNS
 from tests.conftest import REPO
@@ -175,18 +174,3 @@ def test_cli_text_and_errors(fleet, tmp_path: Path) -> None:
     junk.write_bytes(b"not a database" * 100)
     result = _cli("--store", str(junk))
     assert result.returncode == 2 and "not a readable aiscope store" in result.stderr
-
-
-def test_the_heap_is_frozen_only_while_the_document_is_built(fleet) -> None:
-    """The loaded fleet is hidden from the cyclic collector while the tail runs (issue #25: a
-    sixth of the tail's CPU), and given back after, also when building fails."""
-    seen = []
-    with frozen_heap():
-        seen.append(gc.get_freeze_count())
-    assert seen[0] > 0 and gc.get_freeze_count() == 0
-    with pytest.raises(ZeroDivisionError), frozen_heap():
-        _ = 1 / 0
-    assert gc.get_freeze_count() == 0
-    whole, _ = fleet
-    analyze([str(whole)], since="7d")
-    assert gc.get_freeze_count() == 0
