@@ -85,6 +85,19 @@ def test_records_pickle_as_plain_tuples(data: FleetData) -> None:
     assert built < records / 10, f"{built} objects built for {records} records"
 
 
+def test_tenancy_pickles_as_columns_not_a_tuple_per_bucket(data: FleetData) -> None:
+    """The tenants' buckets travel as one tuple per field and GPU (pickling a tuple per bucket
+    cost four times the CPU), and come back as records equal to the loaded ones."""
+    tenancy = {u: v for u, v in data.tenancy.items() if v}
+    assert sum(map(len, tenancy.values())) > 1000
+    blob = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+    tuples = sum(1 for op, _, _ in pickletools.genops(blob) if op.name.startswith("TUPLE"))
+    assert tuples < 10 * (len(tenancy) + len(data.buckets) + len(data.hosts) + 100)
+    back = pickle.loads(blob)
+    assert back.tenancy == data.tenancy
+    assert all(type(r) is TenantBucket for v in back.tenancy.values() for r in v)
+
+
 def test_a_gpus_buckets_pickle_as_one_array_not_records(data: FleetData) -> None:
     """A GPU's run pickles as its matrix: a few hundred bytes over its 8 bytes a field and
     bucket, where records as tuples took about 500 bytes a bucket."""
