@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from analyzer.changepoint import Straggler, find_straggler
+from analyzer.changepoint import Straggler, straggler_of
 from analyzer.context import (
     CLASS_CODES,
     IDLE_CODE,
@@ -419,13 +418,14 @@ def _physical(
 
 def _straggler(ctx: Context, job: _Job) -> None:
     times = np.unique(np.concatenate([m.starts for m in job.members]))
-    series: dict[str, list[float | None]] = {}
+    rows: dict[str, Floats] = {}  # a GPU named twice keeps its last row, as a dict did
     for m in job.members:
         idle = ctx.idle_watts.get(m.view.info.uuid, 0.0)
         row = np.full(len(times), np.nan)
         row[np.searchsorted(times, m.starts)] = np.maximum(m.col("power_watts") - idle, 0.0)
-        series[gpu_name(m.view)] = [None if math.isnan(x) else x for x in row.tolist()]
-    found = find_straggler(series, min_excess=0.15, min_size=6)
+        rows[gpu_name(m.view)] = row
+    matrix = np.array(list(rows.values()), dtype=np.float64).reshape(len(rows), len(times))
+    found = straggler_of(list(rows), matrix, min_excess=0.15, min_size=6)
     if found is not None:
         job.straggler = found
         job.straggler_since = float(times[found.start])
