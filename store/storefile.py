@@ -376,6 +376,19 @@ def attach_read_only(
 ) -> None:
     """Attach a store to ``con`` as ``alias`` (an identifier of ours), read-only, retrying while
     the agent holds it, and check its schema. Same errors as :func:`connect_read_only`."""
+    _attach(con, alias, path, timeout_seconds, sleep, clock)
+    _check_attached(con, alias, path)
+
+
+def _attach(
+    con: duckdb.DuckDBPyConnection,
+    alias: str,
+    path: Path,
+    timeout_seconds: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """:func:`attach_read_only` without the checks (:func:`_check_attached`)."""
     if not alias.isidentifier():
         raise ValueError(f"bad alias {alias!r}")
 
@@ -390,6 +403,11 @@ def attach_read_only(
             raise err from None
 
     _retry(attempt, path, timeout_seconds, sleep, clock)
+
+
+def _check_attached(con: duckdb.DuckDBPyConnection, alias: str, path: Path) -> None:
+    """:func:`check_schema` and :func:`check_tables` on the store attached as ``alias``; one
+    that fails them is detached."""
     con.execute(f"USE {alias}")
     try:
         check_schema(con, path)
@@ -399,6 +417,78 @@ def attach_read_only(
         con.execute(f"DETACH {alias}")
         raise
     con.execute("USE memory")
+
+
+def _attach_stores(
+    con: duckdb.DuckDBPyConnection, stores: dict[str, Path], timeout_seconds: float
+) -> dict[str, dict[str, int | None]]:
+    """Attach every store (``r_<alias>``) and check them as :func:`attach_read_only` would, one
+    after the other (the first store that fails says why, in the same words), but with two
+    queries for them all: the catalog's tables, then every store's schema version. Per store,
+    those checks cost a catalog scan over every store attached (quadratic in the fleet).
+
+    Returns, by attached database, its tables and views with their rows as the catalog
+    estimates them (``None`` for a view): a table estimated at 0 rows holds none."""
+    failure: StoreError | None = None
+    done: dict[str, Path] = {}
+    for alias, path in stores.items():
+        try:
+            _attach(con, f"r_{alias}", path, timeout_seconds)
+        except StoreError as exc:
+            failure = exc  # the stores before it are checked first, as one by one
+            break
+        done[f"r_{alias}"] = path
+    try:
+        catalog = _catalog(con, list(done))
+        readable = _all_readable(con, catalog, done)
+    except duckdb.Error:
+        readable = False
+    if not readable:
+        for db, path in done.items():  # the first store that fails, as one by one
+            _check_attached(con, db, path)
+        catalog = _catalog(con, list(done))
+    if failure is not None:
+        raise failure
+    return catalog
+
+
+def _catalog(
+    con: duckdb.DuckDBPyConnection, databases: list[str]
+) -> dict[str, dict[str, int | None]]:
+    """The tables (and views) of ``databases``' main schemas, as :func:`_table_names` lists
+    them, and their estimated rows."""
+    rows = con.execute(
+        "SELECT i.table_catalog, i.table_name, t.estimated_size "
+        "FROM information_schema.tables i LEFT JOIN duckdb_tables() t "
+        "ON t.database_name = i.table_catalog AND t.schema_name = i.table_schema "
+        "AND t.table_name = i.table_name "
+        "WHERE i.table_schema = 'main' AND list_contains($d, i.table_catalog)",
+        {"d": databases},
+    ).fetchall()
+    out: dict[str, dict[str, int | None]] = {db: {} for db in databases}
+    for db, table, size in rows:
+        out[str(db)][str(table)] = None if size is None else int(size)
+    return out
+
+
+def _all_readable(
+    con: duckdb.DuckDBPyConnection,
+    catalog: dict[str, dict[str, int | None]],
+    stores: dict[str, Path],
+) -> bool:
+    """Whether every store passes :func:`check_schema` and :func:`check_tables`, asked of all
+    at once; ``False`` says only that one of them must be checked alone to say why."""
+    if not stores:
+        return True
+    if any(t not in catalog[db] for db in stores for t in REQUIRED_TABLES):
+        return False
+    versions = " UNION ALL ".join(
+        f"SELECT '{db}' AS db, value FROM {db}.meta WHERE key = $k" for db in stores
+    )
+    rows = con.execute(versions, {"k": "schema_version"}).fetchall()
+    found = [str(db) for db, value in rows if str(value).isdigit()]
+    fine = {db for db, value in rows if str(value).isdigit() and int(value) <= SCHEMA_VERSION}
+    return len(rows) == len(stores) and len(set(found)) == len(stores) and fine == set(stores)
 
 
 def table_summary(
@@ -486,8 +576,7 @@ def attach_inputs(
     aliases = [f"s{i}" for i in range(len(inputs))]
     tables = (*_RAW, *_ROLLUPS, *(_KEYED if keyed else ()))
     stores = {a: p for a, p in zip(aliases, inputs, strict=True) if isinstance(p, Path)}
-    for alias, path in stores.items():
-        attach_read_only(con, f"r_{alias}", path, timeout_seconds)
+    catalog = _attach_stores(con, stores, timeout_seconds)
     # Only a location's days are chosen by it: without one, no store's samples are scanned.
     located = any(isinstance(i, loc.Location) for i in inputs)
     newest = _newest_store_sample(con, [f"r_{a}" for a in stores]) if located else None
@@ -505,22 +594,78 @@ def attach_inputs(
                     published[(name, node)] = max(published.get((name, node), end), end)
             _segment_views(con, alias, source, files, tables)
     _published_table(con, published)
-    for alias in stores:
-        _store_views(con, alias, f"r_{alias}", tables, bool(published))
-    _fleet_views(con, aliases, keyed)
+    shaped = _present_stores(con, stores, tables, catalog, bool(published))
+    # Rollup rows stand in for pruned samples only where an input has any: a location may,
+    # a node store whose table the catalog estimates at 0 rows (it counts every row it
+    # stores, deleted ones too) has none.
+    rolled = {
+        t
+        for t in ROLLUP_COLUMNS
+        if len(stores) < len(inputs) or any(catalog[f"r_{a}"].get(f"{t}_1m") != 0 for a in stores)
+    }
+    _fleet_views(con, aliases, keyed, rolled, shaped)
     return [*aliases, FLEET_ALIAS]
+
+
+def _present_stores(
+    con: duckdb.DuckDBPyConnection,
+    stores: dict[str, Path],
+    tables: tuple[str, ...],
+    catalog: dict[str, dict[str, int | None]],
+    published: bool,
+) -> set[tuple[str, str]]:
+    """Every store's views (:func:`_store_views`), in one call (measured no cheaper than a call
+    per view: DuckDB's binding of each view is the cost). Returns (alias, table) of the views
+    that are the empty shape alone: a store's table without a row, of the current schema's
+    columns (:func:`_empty_as_shape`), adds neither a row nor a column to the shape, and a
+    union can leave it out."""
+    empty = _empty_as_shape(con, [f"r_{a}" for a in stores])
+    views = [
+        sql
+        for alias in stores
+        for sql in _store_views(
+            alias,
+            f"r_{alias}",
+            tables,
+            {t: n for t, n in catalog[f"r_{alias}"].items() if (f"r_{alias}", t) not in empty},
+            published,
+        )
+    ]
+    if views:
+        con.execute(";\n".join(views))
+    return {(db[2:], t) for db, t in empty}
+
+
+def _empty_as_shape(con: duckdb.DuckDBPyConnection, databases: list[str]) -> set[tuple[str, str]]:
+    """(database, table) of the tables of ``databases`` that the catalog estimates at 0 rows
+    (it counts every row stored, deleted ones too) and whose columns, names and types in order,
+    are those of the current schema's (:func:`_create_shapes`)."""
+    if not databases:
+        return set()
+    rows = con.execute(
+        "WITH c AS (SELECT database_name AS db, schema_name AS sch, table_name AS t, "
+        "list(column_name || ' ' || data_type ORDER BY column_index) AS cols "
+        "FROM duckdb_columns() WHERE (sch = 'main' AND list_contains($d, db)) "
+        "OR (sch = $shape AND db = current_database()) GROUP BY ALL) "
+        "SELECT c.db, c.t FROM c JOIN c s ON s.sch = $shape AND s.t = c.t AND s.cols = c.cols "
+        "JOIN duckdb_tables() d ON d.database_name = c.db AND d.schema_name = c.sch "
+        "AND d.table_name = c.t WHERE c.sch = 'main' AND d.estimated_size = 0",
+        {"d": databases, "shape": _SHAPE},
+    ).fetchall()
+    return {(str(db), str(t)) for db, t in rows}
 
 
 def detach_inputs(con: duckdb.DuckDBPyConnection, aliases: list[str]) -> None:
     """Drop the views, detach the stores (releasing them for their agents) and delete any
     fetched segments."""
-    for alias in aliases:
-        con.execute(f"DROP SCHEMA IF EXISTS {alias} CASCADE")
-        attached = con.execute(
-            "SELECT count(*) FROM duckdb_databases() WHERE database_name = ?", [f"r_{alias}"]
-        ).fetchone()
-        if attached and attached[0]:
-            con.execute(f"DETACH r_{alias}")
+    attached = {
+        str(r[0]) for r in con.execute("SELECT database_name FROM duckdb_databases()").fetchall()
+    }
+    statements = [f"DROP SCHEMA IF EXISTS {alias} CASCADE" for alias in aliases] + [
+        f"DETACH r_{alias}" for alias in aliases if f"r_{alias}" in attached
+    ]
+    if statements:  # one call, as the views are made (the query per store is gone)
+        con.execute(";\n".join(statements))
     _clean_scratch(id(con))
 
 
@@ -654,7 +799,8 @@ def _segment_views(
         if paths:
             listed = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
             body += f" UNION ALL BY NAME SELECT * FROM read_parquet([{listed}], union_by_name=true)"
-        _input_view(con, alias, table, body)
+        for sql in _input_view(alias, table, body):
+            con.execute(sql)
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, location: loc.Location, relpaths: list[str]) -> Path:
@@ -686,64 +832,81 @@ def _published_table(
 
 
 def _store_views(
-    con: duckdb.DuckDBPyConnection,
     alias: str,
     db: str,
     tables: tuple[str, ...],
+    have: dict[str, int | None],
     published: bool,
-) -> None:
-    """A store's ``tables``, aligned to the current schema; rows its node already published to
-    a segment input are left out (``published``: there are segment inputs)."""
-    con.execute(f"CREATE SCHEMA {alias}")
-    have = {
-        r[0]
-        for r in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [db]
-        ).fetchall()
-    }
+) -> list[str]:
+    """The statements that present a store's ``tables`` (``have``: the store's tables and views,
+    :func:`_catalog`), aligned to the current schema; rows its node already published to a
+    segment input are left out (``published``: there are segment inputs)."""
+    out = [f"CREATE SCHEMA {alias}"]
     for table in tables:
         body = f"SELECT * FROM {_SHAPE}.{table}"
-        if table in have and not published:  # no segment input: no row to leave out, and a
+        stored = have.get(table) is not None  # a table (a view has no row estimate)
+        if stored and not published:  # no segment input: no row to leave out, and a
             # view without the join binds in less time (each input has a dozen views)
             body += f" UNION ALL BY NAME SELECT * FROM {db}.{table}"
-        elif table in have:
+        elif stored:
             column = _time_column(table)
             body += (
                 f" UNION ALL BY NAME SELECT t.* FROM {db}.{table} t LEFT JOIN _published p "
                 f"ON p.tbl = '{table}' AND p.node = t.node "
                 f"WHERE p.until IS NULL OR t.{column} >= p.until"
             )
-        _input_view(con, alias, table, body)
+        out += _input_view(alias, table, body)
+    return out
 
 
-def _input_view(con: duckdb.DuckDBPyConnection, alias: str, table: str, body: str) -> None:
-    """An input's view of ``table``. Keyed and rollup tables are read through the fleet alias
-    only (deduplicated there), so the input keeps them as ``_<table>`` and shows an empty
-    ``<table>``: a union over every alias then counts each row once."""
+def _input_view(alias: str, table: str, body: str) -> list[str]:
+    """The statements of an input's view of ``table``. Keyed and rollup tables are read
+    through the fleet alias only (deduplicated there), so the input keeps them as ``_<table>``
+    and shows an empty ``<table>``: a union over every alias then counts each row once."""
+    out = []
     if table in _KEYED or table in _ROLLUPS:
-        con.execute(f"CREATE VIEW {alias}._{table} AS {body}")
+        out.append(f"CREATE VIEW {alias}._{table} AS {body}")
         body = f"SELECT * FROM {_SHAPE}.{table}"
-    con.execute(f"CREATE VIEW {alias}.{table} AS {body}")
+    return [*out, f"CREATE VIEW {alias}.{table} AS {body}"]
 
 
-def _fleet_views(con: duckdb.DuckDBPyConnection, aliases: list[str], keyed: bool = True) -> None:
+def _fleet_views(
+    con: duckdb.DuckDBPyConnection,
+    aliases: list[str],
+    keyed: bool = True,
+    rolled: set[str] | None = None,
+    shaped: set[tuple[str, str]] | None = None,
+) -> None:
     """The fleet alias: keyed tables deduplicated (unless not ``keyed``), rollups standing in
-    for pruned raw samples."""
+    for pruned raw samples (of the tables ``rolled``, those an input may hold rollups of;
+    ``None``: any). ``shaped``: (alias, table) of the inputs' views that are the empty shape
+    alone (:func:`_present_stores`), left out of the unions."""
+
+    def union(table: str) -> str:
+        shown = [a for a in aliases if (a, table) not in (shaped or set())]
+        return " UNION ALL BY NAME ".join(
+            [f"SELECT * FROM {a}._{table}" for a in shown] or [f"SELECT * FROM {_SHAPE}.{table}"]
+        )
+
     con.execute(f"CREATE SCHEMA {FLEET_ALIAS}")
     for table, record in _KEYED.items() if keyed else ():
-        union = " UNION ALL BY NAME ".join(f"SELECT * FROM {a}._{table}" for a in aliases)
         key = ", ".join(record.KEY)
         con.execute(
-            f"CREATE TABLE {FLEET_ALIAS}.{table} AS SELECT * FROM ({union}) "
+            f"CREATE TABLE {FLEET_ALIAS}.{table} AS SELECT * FROM ({union(table)}) "
             f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY last_seen_ts DESC) = 1"
         )
+    views = []
     for table in ROLLUP_COLUMNS:
-        rolled = " UNION ALL BY NAME ".join(f"SELECT * FROM {a}._{table}_1m" for a in aliases)
-        con.execute(f"CREATE VIEW {FLEET_ALIAS}.{table}_1m AS {rolled}")
-        _rollup_stand_in(con, aliases, table)
+        views.append(f"CREATE VIEW {FLEET_ALIAS}.{table}_1m AS {union(f'{table}_1m')}")
+        if rolled is not None and table not in rolled:  # no rollup row: the view is empty
+            views.append(f"CREATE VIEW {FLEET_ALIAS}.{table} AS SELECT * FROM {_SHAPE}.{table}")
     for table in _RAW:
         if table not in ROLLUP_COLUMNS:
-            con.execute(f"CREATE VIEW {FLEET_ALIAS}.{table} AS SELECT * FROM {_SHAPE}.{table}")
+            views.append(f"CREATE VIEW {FLEET_ALIAS}.{table} AS SELECT * FROM {_SHAPE}.{table}")
+    con.execute(";\n".join(views))
+    for table in ROLLUP_COLUMNS:
+        if rolled is None or table in rolled:
+            _rollup_stand_in(con, aliases, table)
 
 
 def _rollup_stand_in(con: duckdb.DuckDBPyConnection, aliases: list[str], table: str) -> None:

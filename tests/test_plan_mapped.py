@@ -128,3 +128,31 @@ def test_an_engine_maps_the_plan_only_where_it_pays() -> None:
     finally:
         pool.close()
         small.close()
+
+
+def test_a_node_whose_rows_straddle_the_window_is_planned_by_its_rows(tmp_path: Path) -> None:
+    """The window is two days ending on day 6: n1 has GPU samples before it and after it but
+    none in it, n2 has one in it too, n3 only in it. A node's oldest and newest rows cannot
+    say whether n1 or n2 has one inside; their rows do: n2 and n3 are planned, at once and
+    mapped (where the groups, unable to decide, plan at once)."""
+    from agent.store import Store
+    from store.schema import GpuSample
+
+    start, day = 1_780_000_000.0, 86400.0
+    rows = {"n1": (0.0, 10.0), "n2": (0.0, 5.0, 10.0), "n3": (4.5, 5.5)}
+    for node, days in rows.items():
+        store = Store(tmp_path / f"{node}.duckdb")
+        store.add(
+            GpuSample(start + d * day + k * 60.0, node, f"GPU-{node}", 0, True, 0.5)
+            for d in days
+            for k in range(3)
+        )
+        store.flush()
+        store.close()
+    paths = load.inputs([str(tmp_path)])
+    until = start + 6 * day
+    one = load.plan_window(paths, 2 * day, until=until)
+    mapped = load.plan_window(paths, 2 * day, until=until, mapper=Recording(), stores_per_task=1)
+    assert one.window_start <= start + 4.5 * day and one.window_end <= until + day
+    assert one.nodes == ("n2", "n3")
+    assert mapped == one

@@ -288,3 +288,44 @@ def test_a_sampling_pass_in_flight_counts_as_buffered(tmp_path: Path) -> None:
     store.flush()
     assert store.oldest_buffered_ts() is None
     store.close()
+
+
+def test_attaching_stores_names_the_first_that_fails_its_checks(tmp_path: Path) -> None:
+    """Stores are checked together (storefile._attach_stores), yet the error is the one the
+    first bad store gives alone, whatever the bad store after it: a missing table, a newer
+    schema, a file that is not a store."""
+    from store.storefile import NotAStore, attach_inputs, detach_inputs
+
+    stores = {}
+    for name in ("good", "missing", "future", "text"):
+        stores[name] = tmp_path / f"{name}.duckdb"
+        if name == "text":
+            stores[name].write_text("not a store\n")
+            continue
+        store = Store(stores[name])
+        store.add([_gpu(1_780_000_000.0)])
+        store.flush()
+        store.close()
+    for name, statement in (
+        ("missing", "DROP TABLE host_samples"),
+        ("future", "UPDATE meta SET value = '99' WHERE key = 'schema_version'"),
+    ):
+        con = duckdb.connect(str(stores[name]))
+        con.execute(statement)
+        con.close()
+    first = {
+        "missing": (NotAStore, "missing.duckdb: damaged store: table host_samples is missing"),
+        "future": (SchemaMismatch, "future.duckdb: schema version 99 is not readable"),
+        "text": (NotAStore, "text.duckdb: not a readable aiscope store"),
+    }
+    for bad, (error, message) in first.items():
+        for after in (n for n in first if n != bad):
+            con = duckdb.connect()
+            with pytest.raises(error, match=message):
+                attach_inputs(con, [stores["good"], stores[bad], stores[after]])
+            con.close()
+    con = duckdb.connect()
+    aliases = attach_inputs(con, [stores["good"]])
+    assert con.execute("SELECT count(*) FROM s0.gpu_samples").fetchone() == (1,)
+    detach_inputs(con, aliases)
+    con.close()
