@@ -183,9 +183,7 @@ def _spare_core(staged: Staged | None) -> bool:
     if staged is None or not isinstance(staged.engine, PoolEngine):
         return False
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    forks = "fork" in multiprocessing.get_all_start_methods()
-    # a daemonic process (a pool's worker) may start no child of its own
-    return (cores or 1) > 1 and forks and not multiprocessing.current_process().daemon
+    return (cores or 1) > 1 and "fork" in multiprocessing.get_all_start_methods()
 
 
 @contextlib.contextmanager
