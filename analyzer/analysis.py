@@ -6,20 +6,17 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gc
-import multiprocessing
-import os
-from collections.abc import Callable, Iterator
-from multiprocessing.connection import Connection
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 from analyzer import declared
 from analyzer.classify import CLASSES, GpuVerdict
 from analyzer.context import Finding, context, to_json
-from analyzer.engine import Engine, PoolEngine
+from analyzer.engine import Engine
 from analyzer.findings import run as run_detectors
 from analyzer.load import FleetData, InputError, inputs
 from analyzer.mig import mig_json
-from analyzer.owners import Books, account
+from analyzer.owners import account
 from analyzer.prices import Accounting
 from analyzer.recommendations import run_all
 from analyzer.recommendations import to_json as recommendation_json
@@ -33,7 +30,6 @@ from store.storefile import Input
 
 SCHEMA = "aiscope.analysis/1"
 __all__ = ["SCHEMA", "InputError", "analyze", "iso", "parse_duration"]
-R = TypeVar("R")
 
 
 def iso(ts: float) -> str:
@@ -114,13 +110,23 @@ def _document(
     # On an engine, the detectors run per batch of nodes where Map B left them (Map E).
     results = run_detectors(ctx) if staged is None else detect(staged, ctx, intents)
     progress(0.8, "sizing reservations and splits")
-    recommend = beside(lambda: run_all(data, verdicts, results.findings), _spare_core(staged))
-    with recommend as recommendations_and_skipped:
-        progress(0.9, "charging owners and summing up")
-        books = account(ctx, results.findings, accounting)
-        findings = _findings(data, results.findings, books)
-        summary = _summary(data, verdicts, results.findings, books, asked, since)
-        recommendations, skipped = recommendations_and_skipped()
+    recommendations, skipped = run_all(data, verdicts, results.findings)
+    progress(0.9, "charging owners and summing up")
+    books = account(ctx, results.findings, accounting)
+    findings = []
+    for f, owned in zip(results.findings, books.findings, strict=True):
+        entry = to_json(f, iso)
+        entry.update(owned)  # its owner, and its cost when prices are set
+        entry["series"] = sparkline(data, f)
+        findings.append(entry)
+    if books.bill["cost"] is not None:  # priced: "costliest first" means by cost (issue 24)
+        findings.sort(key=lambda e: -(e.get("cost") or 0.0))
+    summary = summarize(data, verdicts, results.findings)
+    summary["timeline"]["start"] = iso(summary["timeline"]["start"])
+    summary["coverage"].update(window_coverage(data, asked, since))  # what the window leaves out
+    if books.bill["cost"] is not None:  # priced: each top action says what it cost
+        costs = tuple(entry["cost"] for entry in books.findings)
+        summary["top_actions"] = top_actions(results.findings, costs=costs)
     return {
         "schema": SCHEMA,
         "window": _window(data),
@@ -140,99 +146,6 @@ def _document(
         # Strategies that could not run, and why (not enough history, no inference GPU, ...).
         "not_enough_data": [{"kind": n.kind, "reason": n.reason} for n in skipped],
     }
-
-
-def _findings(data: FleetData, found: tuple[Finding, ...], books: Books) -> list[dict[str, Any]]:
-    """The findings' objects, each with its owner, its cost when prices are set, and its
-    series; costliest first when priced."""
-    findings = []
-    for f, owned in zip(found, books.findings, strict=True):
-        entry = to_json(f, iso)
-        entry.update(owned)  # its owner, and its cost when prices are set
-        entry["series"] = sparkline(data, f)
-        findings.append(entry)
-    if books.bill["cost"] is not None:  # priced: "costliest first" means by cost (issue 24)
-        findings.sort(key=lambda e: -(e.get("cost") or 0.0))
-    return findings
-
-
-def _summary(
-    data: FleetData,
-    verdicts: list[GpuVerdict],
-    found: tuple[Finding, ...],
-    books: Books,
-    asked: Window,
-    since: str,
-) -> dict[str, Any]:
-    """The summary, its coverage with what the window leaves out; each top action with its cost
-    when prices are set."""
-    summary = summarize(data, verdicts, found)
-    summary["timeline"]["start"] = iso(summary["timeline"]["start"])
-    summary["coverage"].update(window_coverage(data, asked, since))  # what the window leaves out
-    if books.bill["cost"] is not None:  # priced: each top action says what it cost
-        costs = tuple(entry["cost"] for entry in books.findings)
-        summary["top_actions"] = top_actions(found, costs=costs)
-    return summary
-
-
-def _spare_core(staged: Staged | None) -> bool:
-    """Whether the recommendations run beside the books in a forked child: on the pool (its
-    workers idle by now, so the second core is), with a core to spare and ``fork`` at hand.
-    Not in process (the serial engine, a small fleet), and not on Ray (a driver holding gRPC
-    threads and sockets is no process to fork)."""
-    if staged is None or not isinstance(staged.engine, PoolEngine):
-        return False
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (cores or 1) > 1 and "fork" in multiprocessing.get_all_start_methods()
-
-
-@contextlib.contextmanager
-def beside(compute: Callable[[], R], fork: bool) -> Iterator[Callable[[], R]]:
-    """``compute``'s result when asked for: with ``fork``, computed meanwhile in a child forked
-    from this process (it sees the fleet copy-on-write and sends its result back pickled), so
-    the caller's work and ``compute`` share two cores (issue #25: the driver's tail ran alone
-    while the pool's workers sat idle); else computed here when asked. The driver holds no
-    DuckDB connection by now (the stores were read in the pool's workers). A child that
-    failed, or died, sends no result: it is computed again here, so its error is the one this
-    process raises, with its traceback. A child not asked for its result by the end of the
-    block (the caller failed) is stopped."""
-    if not fork:  # here, and first: in process the order of the steps is as it always was
-        computed = compute()
-        yield lambda: computed
-        return
-    fork_context = multiprocessing.get_context("fork")
-    reader, writer = fork_context.Pipe(duplex=False)
-    child = fork_context.Process(target=_compute_and_send, args=(compute, writer), daemon=True)
-    child.start()
-    writer.close()  # the child's end: reading here ends at EOF when the child is gone
-
-    def result() -> R:
-        try:
-            sent: tuple[R] | None = reader.recv()
-        except EOFError:  # died before it sent a word (killed, out of memory)
-            sent = None
-        child.join()
-        return compute() if sent is None else sent[0]
-
-    try:
-        yield result
-    finally:
-        if child.exitcode is None:  # never asked for: the caller failed meanwhile
-            child.terminate()
-        child.join()
-        reader.close()
-
-
-def _compute_and_send(compute: Callable[[], R], writer: Connection) -> None:
-    """In the child: ``compute``'s result as a 1-tuple, or ``None`` when it failed (the parent
-    computes it again and raises the error itself; a child's traceback printed here as well
-    would tell it twice)."""
-    try:
-        sent: tuple[R] | None = (compute(),)
-    except BaseException:  # noqa: BLE001  (the process's edge: the parent raises it again)
-        sent = None
-    writer.send(sent)
-    writer.close()
 
 
 def _window(data: FleetData) -> dict[str, Any]:
