@@ -1132,8 +1132,9 @@ def _replica_rs(
 ) -> tuple[float, float] | None:
     """(15-minute r, step r) when the two series behave as replicas, else ``None``: over the
     buckets both have a load for, and the 15-minute means of those (``fine_r``: the step r,
-    when :func:`_fine_rs` has it)."""
-    if np.array_equal(a.starts, b.starts):  # the same buckets (most pairs): nothing to align
+    when :func:`_fine_rs` has it: it has it only for a peer over the same buckets, so those are
+    not compared again)."""
+    if fine_r is not None or np.array_equal(a.starts, b.starts):  # the same buckets (most)
         if len(a.starts) * step < th.replica_min_seconds:
             return None
         fine = _centred_r(a.fine(), b.fine()) if fine_r is None else fine_r

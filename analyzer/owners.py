@@ -25,7 +25,6 @@ sum over every interval, so the owners' costs add up to it.
 from __future__ import annotations
 
 import bisect
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +40,7 @@ from analyzer.context import (
     Finding,
     Floats,
     GpuView,
+    HolderRuns,
     Ints,
     Mask,
     add_by,
@@ -391,8 +391,8 @@ def _charges(ledger: _Ledger, view: GpuView) -> _Charges:
     th = ledger.ctx.thresholds
     owners: dict[tuple[str, str, str | None], int] = {}
     tenants: dict[str, int] = {}
-    holders = list(map(view.tenants.__getitem__, view.tenant_times))  # per holders' time
-    block_of = _blocks(holders)
+    runs = view.holder_runs  # the holders at each of their times
+    block_of = _blocks(runs)
     entries: dict[int, list[tuple[int, int, float, int]]] = {}  # per block, as first met
     for block, time in _first_met(block_of):
         entries[block] = [
@@ -402,7 +402,7 @@ def _charges(ledger: _Ledger, view: GpuView) -> _Charges:
                 share,
                 BASES.index(basis),
             )
-            for name, share, basis in split(holders[time])
+            for name, share, basis in split(runs.at(time))
         ]
     ordered = [entries.get(b, []) for b in range(int(block_of.max()) + 1 if len(block_of) else 0)]
     block_sizes = np.array([len(es) for es in ordered] or [0], dtype=np.int64)
@@ -434,15 +434,15 @@ def _charges(ledger: _Ledger, view: GpuView) -> _Charges:
     )
 
 
-def _blocks(holders: list[tuple[TenantBucket, ...]]) -> Ints:
+def _blocks(runs: HolderRuns) -> Ints:
     """For each holders' time, its block of charges: one per lone holder, however many times
     it held the GPU alone (most times), and one per time that several shared it. Worked out
     in C over the times (a Python step per time was most of :func:`account`)."""
-    n = len(holders)
+    n = len(runs.starts)
     if not n:
         return np.zeros(0, dtype=np.int64)
-    lone = np.fromiter(map(len, holders), np.int64, n) == 1
-    names = list(map(_TENANT, map(_FIRST, holders)))
+    lone = runs.counts == 1
+    names = runs.first_tenants()
     position = {name: i for i, name in enumerate(dict.fromkeys(names))}
     by_name = np.fromiter(map(position.__getitem__, names), np.int64, n)
     shared = len(position) + np.cumsum(~lone) - 1
@@ -455,10 +455,6 @@ def _first_met(block_of: Ints) -> list[tuple[int, int]]:
     blocks, first = np.unique(block_of, return_index=True)
     order = np.argsort(first)
     return list(zip(blocks[order].tolist(), first[order].tolist(), strict=True))
-
-
-_TENANT = operator.attrgetter("tenant")
-_FIRST = operator.itemgetter(0)
 
 
 def split(present: tuple[TenantBucket, ...]) -> list[tuple[str, float, str]]:

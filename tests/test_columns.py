@@ -71,7 +71,7 @@ def verdicts(draw: st.DrawFn) -> GpuVerdict:
 
 
 def _view(bs: tuple[Bucket, ...], verdict: GpuVerdict | None, ref: PowerRef) -> GpuView:
-    return GpuView(INFO, bs, {}, verdict, ref)
+    return GpuView(INFO, bs, (), verdict, ref)
 
 
 @given(buckets(), verdicts())
@@ -118,7 +118,8 @@ def test_main_tenants_follow_main_tenant_with_carry(
         for t in held_at
     }
     bs = tuple(Bucket(i * STEP, 1, 1, *([None] * 8)) for i in range(n))
-    view = GpuView(INFO, bs, present, None, PowerRef(None, "none", 0.0, None))
+    tenancy = tuple(tb for held in present.values() for tb in held)  # as drawn, not in order
+    view = GpuView(INFO, bs, tenancy, None, PowerRef(None, "none", 0.0, None))
     want = [_main_tenant(present, b.start) for b in bs]
     assert list(view.main_tenants) == want
     assert [view.main_tenant(b.start) for b in bs] == want
@@ -233,7 +234,8 @@ def test_sparkline_means_are_each_runs_fmean(values: list[float], step: int) -> 
 @given(st.lists(st.tuples(st.integers(0, 6), st.sampled_from(["a", "b", "c"])), max_size=30))
 def test_tenant_buckets_group_by_start_in_any_order(drawn: list[tuple[int, str]]) -> None:
     """The loader's time order is cut into runs where the start changes (a run per start when
-    each has one holder); any other order gives the same groups."""
+    each has one holder); any other order gives the same groups. The books' runs of holders
+    in time order are the groups in order of their start."""
     tenancy = [TenantBucket(t * STEP, name, 1.0, None) for t, name in drawn]
     want: dict[float, list[TenantBucket]] = {}
     for tb in tenancy:
@@ -241,6 +243,15 @@ def test_tenant_buckets_group_by_start_in_any_order(drawn: list[tuple[int, str]]
     assert by_start(tenancy) == {t: tuple(v) for t, v in want.items()}
     ordered = sorted(tenancy, key=lambda tb: tb.start)
     assert by_start(ordered) == {t: tuple(v) for t, v in want.items()}
+    for given_order in (tenancy, ordered):  # the books read the holders in time order
+        view = GpuView(INFO, (), tuple(given_order), None, PowerRef(None, "none", 0.0, None))
+        runs = view.holder_runs
+        assert view.tenant_times == tuple(sorted(want)) == tuple(runs.starts.tolist())
+        assert [runs.at(k) for k in range(len(runs.starts))] == [
+            tuple(want[t]) for t in sorted(want)
+        ]
+        assert runs.counts.tolist() == [len(want[t]) for t in sorted(want)]
+        assert runs.first_tenants() == [want[t][0].tenant for t in sorted(want)]
 
 
 @given(st.lists(st.integers(0, 8), max_size=12), st.lists(st.integers(-1, 10), max_size=12))
