@@ -64,3 +64,12 @@ def where(item: int, shared: object) -> tuple[int, int]:
     import os
 
     return item, os.getpid()
+
+
+_TICKS: list[int] = []
+
+
+def ticked(item: int, shared: object) -> int:
+    """How many calls of this stage the process ran before this one (the order it ran them)."""
+    _TICKS.append(item)
+    return len(_TICKS) - 1

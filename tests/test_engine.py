@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,6 +167,48 @@ def test_ray_runs_an_item_in_the_same_actor_every_stage(ray_engine: Engine) -> N
     assert len(set(places)) == ray_engine.workers == 2
     assert [pid for _, pid in again] == places
     assert places == [places[i % 2] for i in range(len(ITEMS))]
+
+
+@pytest.mark.slow
+def test_ray_runs_each_actors_items_last_run_first(ray_engine: Engine) -> None:
+    """Each map submits its items in the reverse of the previous map's order (forwards or
+    backwards, whatever the module's tests ran before), so an actor runs first the items it
+    ran last (the batches its process kept: analyzer.rayengine)."""
+    shared = ray_engine.broadcast(None)
+    first = ray_engine.map(stages.ticked, ITEMS, shared)
+    again = ray_engine.map(stages.ticked, ITEMS, shared)
+    for actor in range(ray_engine.workers):
+        mine = ITEMS[actor :: ray_engine.workers]
+        ran = sorted(mine, key=lambda i: first[i])
+        assert ran in (mine, mine[::-1])
+        assert sorted(mine, key=lambda i: again[i]) == ran[::-1]
+
+
+@pytest.mark.slow
+def test_a_ray_actor_with_more_batches_than_it_keeps_reads_each_once(
+    ray_engine: Engine, tmp_path: Path
+) -> None:
+    """Three batches an actor, which keeps two (:data:`analyzer.stages.KEPT_BATCHES`): what its
+    process can no longer keep waits in the object store, so Map A reads each batch once and
+    Map B and Map E find it there; the detectors give the fleet run's results."""
+    from analyzer import declared
+    from analyzer.context import context
+    from analyzer.findings import run
+    from analyzer.load import inputs
+    from analyzer.stages import KEPT_BATCHES, detect, load_and_classify_staged
+    from analyzer.thresholds import Thresholds
+    from bench.fleet import make_store
+
+    for node in range(6):  # training across pairs, a job that ends, serving, notebooks, batch
+        make_store(tmp_path / f"node-{node:04d}.duckdb", node, days=0.25, interval=300.0)
+    th = Thresholds()
+    data, observed, staged = load_and_classify_staged(
+        ray_engine, inputs([str(tmp_path)]), 86400.0, thresholds=th, batch_size=1
+    )
+    assert staged is not None and len(staged.batches) == 6 > KEPT_BATCHES * ray_engine.workers
+    verdicts = declared.combine(data, observed)
+    assert detect(staged, context(data, verdicts, th)) == run(context(data, verdicts, th))
+    assert staged.reads == Counter(staged.batches)
 
 
 # -- what a user without Ray, or with a wrong address, is told --------------------------------
