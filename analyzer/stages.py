@@ -58,10 +58,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
+import pickle
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from analyzer import declared, idle_held, neighbors, silent, starved
@@ -181,8 +184,9 @@ _KEPT: dict[tuple[str, tuple[str, ...]], FleetData | _Seen] = {}
 class Overflow(Protocol):
     """Where a process puts the batches' data it can no longer keep (:data:`_KEPT` full),
     instead of dropping it: an engine's store that spills to disk (Ray's object store,
-    :mod:`analyzer.rayengine`). Getting a batch back from it costs a fraction of reading it
-    again (32 nodes for a week at 60 s: 0.85 CPU-s to pickle and unpickle, 5.4 to read)."""
+    :mod:`analyzer.rayengine`; a pool worker's folder, :class:`DiskOverflow`). Getting a
+    batch back from it costs a fraction of reading it again (32 nodes for a week at 60 s:
+    0.85 CPU-s to pickle and unpickle, 5.4 to read)."""
 
     def put(self, key: tuple[str, tuple[str, ...]], data: FleetData) -> None: ...
 
@@ -196,6 +200,45 @@ _OVERFLOW: list[Overflow] = []
 def overflow_to(store: Overflow) -> None:
     """Put the data :data:`_KEPT` evicts in ``store`` from now on (an engine's worker)."""
     _OVERFLOW[:] = [store]
+
+
+class DiskOverflow:
+    """A pool worker's :class:`Overflow`: the batches it can no longer keep, pickled into files
+    of ``folder`` (the pool's own temporary folder, removed when the pool closes), by key.
+    Taking one deletes its file. A batch that cannot be written (the disk full, the folder
+    gone) is dropped, as without an overflow: the stage that wants it reads its nodes again,
+    the same rows. Putting a batch of another analysis deletes the earlier analysis's files
+    still here."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._files: dict[tuple[str, tuple[str, ...]], Path] = {}
+
+    def put(self, key: tuple[str, tuple[str, ...]], data: FleetData) -> None:
+        run = key[0].split("/", 1)[0]
+        for old in [k for k in self._files if k[0].split("/", 1)[0] != run]:
+            self._files.pop(old).unlink(missing_ok=True)
+        path = self._folder / f"{os.getpid()}-{uuid.uuid4().hex}.pickle"
+        try:
+            with path.open("wb") as out:
+                pickle.dump(data, out, protocol=pickle.HIGHEST_PROTOCOL)
+        except OSError:
+            path.unlink(missing_ok=True)
+            return
+        self._files[key] = path
+
+    def take(self, key: tuple[str, tuple[str, ...]]) -> FleetData | None:
+        path = self._files.pop(key, None)
+        if path is None:
+            return None
+        try:
+            with path.open("rb") as kept:
+                data = pickle.load(kept)
+        except OSError:
+            return None
+        finally:
+            path.unlink(missing_ok=True)
+        return data if isinstance(data, FleetData) else None
 
 
 def load_batch(batch: tuple[str, ...], shared: LoadShared) -> Counted:

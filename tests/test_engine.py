@@ -169,28 +169,36 @@ def test_ray_runs_an_item_in_the_same_actor_every_stage(ray_engine: Engine) -> N
     assert places == [places[i % 2] for i in range(len(ITEMS))]
 
 
+@pytest.fixture(params=["pool", "ray"])
+def spread(request: pytest.FixtureRequest) -> Engine:
+    """An engine whose workers keep batches between stages: the pool or Ray."""
+    engine: Engine = request.getfixturevalue("pool" if request.param == "pool" else "ray_engine")
+    return engine
+
+
 @pytest.mark.slow
-def test_ray_runs_each_actors_items_last_run_first(ray_engine: Engine) -> None:
+def test_each_worker_runs_its_items_last_run_first(spread: Engine) -> None:
     """Each map submits its items in the reverse of the previous map's order (forwards or
-    backwards, whatever the module's tests ran before), so an actor runs first the items it
-    ran last (the batches its process kept: analyzer.rayengine)."""
-    shared = ray_engine.broadcast(None)
-    first = ray_engine.map(stages.ticked, ITEMS, shared)
-    again = ray_engine.map(stages.ticked, ITEMS, shared)
-    for actor in range(ray_engine.workers):
-        mine = ITEMS[actor :: ray_engine.workers]
+    backwards, whatever the module's tests ran before), so a worker (a pool's process, a Ray
+    actor) runs first the items it ran last (the batches its process kept)."""
+    shared = spread.broadcast(None)
+    first = spread.map(stages.ticked, ITEMS, shared)
+    again = spread.map(stages.ticked, ITEMS, shared)
+    for worker in range(spread.workers):
+        mine = ITEMS[worker :: spread.workers]
         ran = sorted(mine, key=lambda i: first[i])
         assert ran in (mine, mine[::-1])
         assert sorted(mine, key=lambda i: again[i]) == ran[::-1]
 
 
 @pytest.mark.slow
-def test_a_ray_actor_with_more_batches_than_it_keeps_reads_each_once(
-    ray_engine: Engine, tmp_path: Path
+def test_a_worker_with_more_batches_than_it_keeps_reads_each_once(
+    spread: Engine, tmp_path: Path
 ) -> None:
-    """Three batches an actor, which keeps two (:data:`analyzer.stages.KEPT_BATCHES`): what its
-    process can no longer keep waits in the object store, so Map A reads each batch once and
-    Map B and Map E find it there; the detectors give the fleet run's results."""
+    """Three batches a worker, which keeps two (:data:`analyzer.stages.KEPT_BATCHES`): what its
+    process can no longer keep waits in Ray's object store or the pool's folder, so Map A
+    reads each batch once and Map B and Map E find it there; the detectors give the fleet
+    run's results."""
     from analyzer import declared
     from analyzer.context import context
     from analyzer.findings import run
@@ -203,9 +211,9 @@ def test_a_ray_actor_with_more_batches_than_it_keeps_reads_each_once(
         make_store(tmp_path / f"node-{node:04d}.duckdb", node, days=0.25, interval=300.0)
     th = Thresholds()
     data, observed, staged = load_and_classify_staged(
-        ray_engine, inputs([str(tmp_path)]), 86400.0, thresholds=th, batch_size=1
+        spread, inputs([str(tmp_path)]), 86400.0, thresholds=th, batch_size=1
     )
-    assert staged is not None and len(staged.batches) == 6 > KEPT_BATCHES * ray_engine.workers
+    assert staged is not None and len(staged.batches) == 6 > KEPT_BATCHES * spread.workers
     verdicts = declared.combine(data, observed)
     assert detect(staged, context(data, verdicts, th)) == run(context(data, verdicts, th))
     assert staged.reads == Counter(staged.batches)
