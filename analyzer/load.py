@@ -691,9 +691,9 @@ PLAN_STORES_PER_TASK = 16
 def engine_mapper(engine: Any, inputs: int) -> Mapper | None:
     """An engine's ``map`` as :func:`plan_window` takes it, for a plan of ``inputs``; ``None``
     (plan here, at once) without an engine, on one worker, and below two tasks' stores or the
-    engine's own threshold (``min_nodes``): split in groups, the stores cost more CPU in all
-    (each group attaches and views its own: 4.1 CPU-s against 3.0 for 32 stores), which only
-    running the groups side by side repays."""
+    engine's own threshold (``min_nodes``): split in groups, each group attaches and views its
+    own stores and the driver combines them, a cost that only running the groups side by side
+    repays."""
     least = max(getattr(engine, "min_nodes", 0), 2 * PLAN_STORES_PER_TASK)
     if engine is None or engine.workers <= 1 or inputs < least:
         return None
