@@ -4,8 +4,9 @@ An analysis allocates millions of small tracked objects (bucket and tenancy tupl
 a batch is unpickled into) that hold numbers and strings, no reference cycles. CPython's
 collector still walks them: every 700 allocations a young collection, and a full one whenever
 the objects that survived grew by a quarter, so a growing heap is walked again and again. On
-the 1,024-GPU fleet the pool's driver spent 16.4 CPU-s with the collector running and 10.7
-paused (unpickling Map B's batches: 3.4 to 1.3; ``finish`` and the context: 2.9 to 1.1).
+the 1,024-GPU fleet the pool's driver spent 16.4 CPU-s with the collector running and 9.1
+paused as here (unpickling Map B's batches: 3.4 to 1.5; ``finish`` and the context: 2.9 to
+1.4).
 
 Paused, not frozen (:func:`gc.freeze`): unpickling happens in the executor's thread as results
 arrive, and a freeze covers only objects that exist when it is taken. Refcounting still frees

@@ -79,6 +79,7 @@ from analyzer.engine import (
     stable_partition,
     stage_name,
 )
+from analyzer.stages import run_of
 from store.errors import AiscopeError
 
 try:
@@ -196,8 +197,8 @@ class _ObjectStoreOverflow:
         self._refs: dict[tuple[str, tuple[str, ...]], Any] = {}
 
     def put(self, key: tuple[str, tuple[str, ...]], data: Any) -> None:
-        run = _run_of(key)
-        self._refs = {k: ref for k, ref in self._refs.items() if _run_of(k) == run}
+        run = run_of(key)
+        self._refs = {k: ref for k, ref in self._refs.items() if run_of(k) == run}
         self._refs[key] = ray.put(data)
 
     def take(self, key: tuple[str, tuple[str, ...]]) -> Any:
@@ -208,11 +209,6 @@ class _ObjectStoreOverflow:
             return ray.get(ref)
         except ray.exceptions.RayError:  # lost (its node went away): read again
             return None
-
-
-def _run_of(key: tuple[str, tuple[str, ...]]) -> str:
-    """The analysis a kept batch's key belongs to (``RUN`` of ``RUN/detect``)."""
-    return key[0].split("/", 1)[0]
 
 
 class _Worker:

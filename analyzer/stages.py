@@ -215,8 +215,8 @@ class DiskOverflow:
         self._files: dict[tuple[str, tuple[str, ...]], Path] = {}
 
     def put(self, key: tuple[str, tuple[str, ...]], data: FleetData) -> None:
-        run = key[0].split("/", 1)[0]
-        for old in [k for k in self._files if k[0].split("/", 1)[0] != run]:
+        run = run_of(key)
+        for old in [k for k in self._files if run_of(k) != run]:
             self._files.pop(old).unlink(missing_ok=True)
         path = self._folder / f"{os.getpid()}-{uuid.uuid4().hex}.pickle"
         try:
@@ -282,6 +282,12 @@ def _take_seen(key: tuple[str, tuple[str, ...]]) -> _Seen | None:
     """The batch's context and first findings kept under ``key``, taken out."""
     kept = _KEPT.pop(key, None)
     return kept if isinstance(kept, _Seen) else None
+
+
+def run_of(key: tuple[str, tuple[str, ...]]) -> str:
+    """The analysis a kept batch's key belongs to: ``RUN`` of ``RUN`` and of the later stages'
+    names for it (:func:`_detecting`, :func:`_levelling`)."""
+    return key[0].split("/", 1)[0]
 
 
 def _detecting(run: str) -> str:
