@@ -45,6 +45,7 @@ import os
 import shutil
 import tempfile
 import traceback
+import weakref
 import zlib
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -242,6 +243,9 @@ class PoolEngine:
             for _ in range(self._workers)
         ]
         self._backwards = True
+        #: :meth:`close`, run at most once: by the caller, when the engine is collected, or at
+        #: the interpreter's exit for an engine nobody closed (:func:`_shut_down`).
+        self._finalizer = weakref.finalize(self, _shut_down, self._pools, self._spill)
 
     @property
     def workers(self) -> int:
@@ -292,9 +296,8 @@ class PoolEngine:
         return {key: out[key] for key in grouped}  # the serial engine's key order
 
     def close(self) -> None:
-        for pool in self._pools:
-            pool.shutdown(wait=True, cancel_futures=True)
-        shutil.rmtree(self._spill, ignore_errors=True)
+        """Stop the workers and remove their folder; again, it does nothing."""
+        self._finalizer()
 
     @staticmethod
     def _result(future: concurrent.futures.Future[R]) -> R:
@@ -302,6 +305,21 @@ class PoolEngine:
             return future.result()
         except concurrent.futures.process.BrokenProcessPool as e:
             raise EngineError(f"engine pool: a worker process died ({e})") from e
+
+
+def _shut_down(pools: list[concurrent.futures.ProcessPoolExecutor], spill: str) -> None:
+    """A pool engine's end (:meth:`PoolEngine.close`): its workers stopped, then the folder they
+    overflow to removed. A finalizer of the engine (:class:`weakref.finalize`), so it also runs
+    for an engine its caller never closed, when the engine is collected or, at the latest, at
+    the interpreter's exit: an embedding program that left one open kept an ``aiscope-pool-*``
+    folder of spilled batches for good. At exit, :mod:`weakref`'s hook (an :mod:`atexit` one)
+    runs after :mod:`concurrent.futures`' own (one of :mod:`threading`'s, which runs first),
+    which has already stopped the workers: nothing writes in the folder while it goes, and
+    each ``shutdown`` finds its pool stopped. It holds the pools and the folder, never the
+    engine, which could then never be collected."""
+    for pool in pools:
+        pool.shutdown(wait=True, cancel_futures=True)
+    shutil.rmtree(spill, ignore_errors=True)
 
 
 #: The default engine (no ``--engine``) is the pool from this many nodes (1,024 GPUs of 8) and
