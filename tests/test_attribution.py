@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.attribution import ProcReader, parse_cgroup, pod_uid_from_cgroup, start_ticks_from_stat
-from agent.redact import REDACTED, redact_argv, redact_environment_entry, redact_text
+from agent.redact import _NO_SECRET, REDACTED, redact_argv, redact_environment_entry, redact_text
 from tests.conftest import FIXTURES
 
 PROC = ProcReader(FIXTURES / "proc", user_name=lambda uid: {1001: "alice"}.get(uid, str(uid)))
@@ -83,13 +83,18 @@ def test_redaction_rules() -> None:
     assert redact_argv(["--hf-token=xyz"]) == [f"--hf-token={REDACTED}"]
     assert redact_argv(["AWS_SECRET_ACCESS_KEY=abc"]) == [f"AWS_SECRET_ACCESS_KEY={REDACTED}"]
     assert redact_argv(["--max-tokens", "512"]) == ["--max-tokens", "512"]
+    # A secret flag's value is redacted even when it looks like a flag (click takes it whole).
+    assert redact_argv(["app", "--token", "--0000"]) == ["app", "--token", REDACTED]
     url = "https://u:p@h/x?api_key=k&b=1"
     assert redact_text(url) == f"https://u:{REDACTED}@h/x?api_key={REDACTED}&b=1"
     assert redact_environment_entry("DB_PASSWORD", "hunter2") == REDACTED
     assert redact_environment_entry("SLURM_JOB_ID", "123") == "123"
 
 
-_secret_values = st.text(string.ascii_letters + string.digits + "-_.", min_size=6, max_size=24)
+# Not the words that switch a secret off (``--token disabled``): the redactor keeps those.
+_secret_values = st.text(
+    string.ascii_letters + string.digits + "-_.", min_size=6, max_size=24
+).filter(lambda v: v.lower() not in _NO_SECRET)
 _flags = st.sampled_from(
     ["--token", "--password", "--api-key", "--hf_token", "--secret", "-passwd"]
 )
