@@ -40,9 +40,15 @@ Ints = npt.NDArray[np.int64]
 class Run(Sequence[T], Generic[T]):
     """An immutable run of records as columns, in the record's field order: a read-only
     ``(fields, records)`` float64 matrix, shared (never copied) by slices and by
-    :meth:`column`. A subclass names its record and which of its fields are whole numbers."""
+    :meth:`column`. A subclass names its record and which of its fields are whole numbers.
 
-    __slots__ = ("_holes", "_matrix")
+    A run that crossed processes holds no row for the fields its sender found reported in no
+    record (:meth:`__reduce__`): such a field reads as a NaN column of zero stride, and as
+    ``None`` in every record. Rebuilding them as full NaN rows made 4 of a generated fleet's
+    14 bucket fields (NVLink, tensor activity, SM clock, throttling) 28% of the driver's
+    buckets."""
+
+    __slots__ = ("_absent", "_holes", "_matrix", "_rows")
 
     RECORD: ClassVar[type[tuple[Any, ...]]]
     #: The record's fields that hold whole numbers (``int`` in a record).
@@ -52,6 +58,10 @@ class Run(Sequence[T], Generic[T]):
     _WHOLE_AT: ClassVar[tuple[int, ...]]
 
     _matrix: Floats
+    #: The positions of the fields held as no row (ascending), and each field's row in
+    #: ``_matrix`` (-1: none).
+    _absent: tuple[int, ...]
+    _rows: tuple[int, ...]
     #: The positions of the fields missing in every record and in some (built on first use).
     _holes: tuple[tuple[int, ...], tuple[int, ...]] | None
 
@@ -79,18 +89,21 @@ class Run(Sequence[T], Generic[T]):
             _fill(row, values)
         self._set(matrix)
 
-    def _set(self, matrix: Floats) -> None:
+    def _set(self, matrix: Floats, absent: tuple[int, ...] = ()) -> None:
         if matrix.flags.writeable:
             matrix = matrix.view()
             matrix.flags.writeable = False
         self._matrix = matrix
+        self._absent = absent
+        self._rows = _layout(len(self._INDEX), absent)
         self._holes = None
 
     @classmethod
-    def _of_matrix(cls, matrix: Floats) -> Self:
-        """A run of a matrix already checked (a slice's view, an unpickled run's array)."""
+    def _of_matrix(cls, matrix: Floats, absent: tuple[int, ...] = ()) -> Self:
+        """A run of a matrix already checked (a slice's view, an unpickled run's array), with
+        no row for the fields at ``absent`` (ascending)."""
         run = cls.__new__(cls)
-        run._set(matrix)
+        run._set(matrix, absent)
         return run
 
     @classmethod
@@ -122,8 +135,11 @@ class Run(Sequence[T], Generic[T]):
 
     def column(self, name: str) -> Floats:
         """Field ``name`` as the run's own float64 array (read-only, never copied), NaN where
-        not reported."""
-        column: Floats = self._matrix[self._INDEX[name]]
+        not reported (a zero-stride NaN array for a field the run holds no row for)."""
+        row = self._rows[self._INDEX[name]]
+        if row < 0:
+            return _nan_column(len(self))
+        column: Floats = self._matrix[row]
         return column
 
     def ints(self, name: str) -> Ints:
@@ -148,11 +164,13 @@ class Run(Sequence[T], Generic[T]):
 
     def __getitem__(self, index: int | slice) -> T | Self:
         if isinstance(index, slice):
-            return self._of_matrix(self._matrix[:, index])
+            return self._of_matrix(self._matrix[:, index], self._absent)
         try:
             row: list[Any] = self._matrix[:, index].tolist()  # one record's fields, in C
         except IndexError:
             raise IndexError(f"{type(self).__name__} index {index} out of range") from None
+        for j in self._absent:  # ascending: each lands at its field's position
+            row.insert(j, None)
         never, some = self._holes or self._find_holes()
         for j in never:
             row[j] = None
@@ -167,7 +185,8 @@ class Run(Sequence[T], Generic[T]):
     def _find_holes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The fields missing in every record (NVLink on most boards) and those missing in
         some: :meth:`__getitem__` then looks for NaN only where it can be."""
-        missing = np.count_nonzero(np.isnan(self._matrix), axis=1)
+        held = np.count_nonzero(np.isnan(self._matrix), axis=1)
+        missing = np.array([held[r] if r >= 0 else len(self) for r in self._rows], dtype=np.int64)
         never = tuple(np.flatnonzero(missing == len(self)).tolist())
         some = tuple(np.flatnonzero((missing > 0) & (missing < len(self))).tolist())
         self._holes = (never, some)
@@ -187,7 +206,10 @@ class Run(Sequence[T], Generic[T]):
         """All the records, built in C: each column as a list of Python values (``None`` for
         NaN), zipped into tuples of the record's type."""
         whole = set(self._WHOLE_AT)
-        lists = [_values(c, i in whole) for i, c in enumerate(self._matrix)]
+        lists = [
+            _values(self._matrix[r], i in whole) if r >= 0 else [None] * len(self)
+            for i, r in enumerate(self._rows)
+        ]
         make = functools.partial(tuple.__new__, self.RECORD)
         return map(cast(Callable[[tuple[Any, ...]], T], make), zip(*lists, strict=True))
 
@@ -195,8 +217,12 @@ class Run(Sequence[T], Generic[T]):
         """Equal to a run of the same records, or to a tuple or list of them (tests compare
         the loader's runs with records they build)."""
         if isinstance(other, Run):
-            return type(other) is type(self) and bool(
-                np.array_equal(self._matrix, other._matrix, equal_nan=True)
+            if type(other) is not type(self) or len(other) != len(self):
+                return False
+            if other._absent == self._absent:
+                return bool(np.array_equal(self._matrix, other._matrix, equal_nan=True))
+            return all(
+                np.array_equal(self.column(f), other.column(f), equal_nan=True) for f in self._INDEX
             )
         if isinstance(other, tuple | list):
             return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
@@ -207,28 +233,47 @@ class Run(Sequence[T], Generic[T]):
     def __repr__(self) -> str:
         if not len(self):
             return f"{type(self).__name__}(empty)"
-        starts = self._matrix[0]
+        starts = self._matrix[0]  # the first field (the start) always has its row
         return f"{type(self).__name__}({len(self)} from {starts[0]:.0f} to {starts[-1]:.0f})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as its matrix (a slice's own records only), not a Python call per record;
         the fields reported in no record (NVLink, tensor activity, clocks on many boards) are
         named, not sent: 8 bytes a field and bucket made a week of 128 GPUs 41% larger than
-        the records' pickle (27.6 MiB against 19.6), and a pool or Ray moves it each way."""
+        the records' pickle (27.6 MiB against 19.6), and a pool or Ray moves it each way.
+        The first field (the start) is always sent, so the matrix keeps the run's length."""
         never, _ = self._holes or self._find_holes()
-        if not never:
+        never = tuple(i for i in never if i)
+        if not never and not self._absent:
             return (_unpickle_run, (type(self), self._matrix))
-        sent = [i for i in range(len(self._INDEX)) if i not in never]
+        sent = [r for i, r in enumerate(self._rows) if i not in never]
         return (_unpickle_run, (type(self), self._matrix[sent], never))
 
 
 def _unpickle_run(cls: type[Run[Any]], matrix: Floats, never: tuple[int, ...] = ()) -> Run[Any]:
-    """:meth:`Run.__reduce__`'s inverse: the fields in ``never`` all NaN again."""
-    if never:
-        full = np.full((len(cls._INDEX), matrix.shape[1]), np.nan)
-        full[[i for i in range(len(cls._INDEX)) if i not in never]] = matrix
-        matrix = full
-    return cls._of_matrix(matrix)
+    """:meth:`Run.__reduce__`'s inverse: the fields in ``never`` held as no row."""
+    return cls._of_matrix(matrix, never)
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(fields: int, absent: tuple[int, ...]) -> tuple[int, ...]:
+    """Each of ``fields`` positions' row in a matrix without the ``absent`` ones (-1 there):
+    one tuple per layout, shared by every run of it."""
+    rows: list[int] = []
+    row = 0
+    for i in range(fields):
+        if i in absent:
+            rows.append(-1)
+        else:
+            rows.append(row)
+            row += 1
+    return tuple(rows)
+
+
+def _nan_column(n: int) -> Floats:
+    """``n`` NaNs, read-only, in no memory of their own (one value, zero stride)."""
+    column: Floats = np.broadcast_to(np.float64(np.nan), (n,))
+    return column
 
 
 def _fill(row: Floats, values: npt.ArrayLike) -> None:
