@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import operator
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,7 +18,16 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer.classify import CLASSES, GpuVerdict, class_at
-from analyzer.load import Bucket, CgroupBucket, FleetData, GpuInfo, HostBucket, TenantBucket
+from analyzer.load import (
+    NO_TENANCY,
+    Bucket,
+    CgroupBucket,
+    FleetData,
+    GpuInfo,
+    HostBucket,
+    TenantBucket,
+    TenantRun,
+)
 from analyzer.reference import PowerRef, computed, held, references
 from analyzer.reference import column as _column  # the one reading of a field as floats
 from analyzer.runs import Run
@@ -113,7 +121,8 @@ class GpuView:
 
     info: GpuInfo
     buckets: Sequence[Bucket]  # a run of columns (analyzer.runs.BucketRun) from the loader
-    #: The tenants' buckets on the GPU, as the loader gives them (in time order).
+    #: The tenants' buckets on the GPU, as the loader gives them (in time order; a
+    #: :class:`analyzer.load.TenantRun` from the loader, records from tests).
     tenancy: Sequence[TenantBucket]
     verdict: GpuVerdict | None
     ref: PowerRef
@@ -249,7 +258,18 @@ class GpuView:
 
     @functools.cached_property
     def _main_by_time(self) -> list[str]:
-        return [_main(self.tenants[t]) for t in self.tenant_times]
+        """:func:`_main` of the holders at each of :attr:`tenant_times`, from the columns: the
+        holders of each time sorted by (memory, name), the last of each taken. Building
+        :attr:`tenants` (a record per bucket) for this read every GPU's tenancy twice."""
+        runs = self.holder_runs
+        if not len(runs.starts):
+            return []
+        run = runs.tenancy
+        memory = np.nan_to_num(run.column("memory_bytes"), nan=0.0)  # ``memory_bytes or 0.0``
+        time = np.repeat(np.arange(len(runs.counts)), runs.counts)
+        order = np.lexsort((run.codes, memory, time))  # names sorted: codes order as names
+        best = run.codes[order[np.cumsum(runs.counts) - 1]]
+        return list(map(run.names.__getitem__, best.tolist()))
 
     @functools.cached_property
     def _main_by_start(self) -> dict[float, object]:
@@ -352,7 +372,7 @@ def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds)
     views = {}
     for gpu in data.gpus:
         buckets = data.buckets.get(gpu.uuid, ())
-        tenancy = data.tenancy.get(gpu.uuid, ())
+        tenancy = data.tenancy.get(gpu.uuid, NO_TENANCY)
         views[gpu.uuid] = GpuView(gpu, buckets, tenancy, by_uuid.get(gpu.uuid), refs[gpu.uuid])
     ib = {
         node: _reported(hosts.column("ib_bytes_per_second")) for node, hosts in data.hosts.items()
@@ -379,7 +399,9 @@ def by_start(tenancy: Sequence[TenantBucket]) -> dict[float, tuple[TenantBucket,
     order, grouped one by one."""
     if not tenancy:
         return {}
-    starts = np.fromiter(map(_START, tenancy), np.float64, len(tenancy))
+    run = TenantRun.coerce(tenancy)
+    starts = run.starts
+    tenancy = tuple(run)  # every record, built once (a run builds them each time it is walked)
     if np.all(starts[1:] >= starts[:-1]):
         edges = np.flatnonzero(starts[1:] != starts[:-1]) + 1
         if len(edges) == len(tenancy) - 1:  # one holder a start (most GPUs): no run to cut
@@ -402,7 +424,7 @@ class HolderRuns:
     runs they price (:meth:`at`): a tuple per bucket for every GPU, as :func:`by_start` builds,
     cost the driver 0.7 CPU-s at 1,024 GPUs, mostly in the garbage collector."""
 
-    tenancy: Sequence[TenantBucket]
+    tenancy: TenantRun  # in time order
     starts: Floats
     firsts: Ints
     counts: Ints
@@ -414,23 +436,22 @@ class HolderRuns:
 
     def first_tenants(self) -> list[str]:
         """Each run's first holder's name."""
-        return list(map(_TENANT, map(self.tenancy.__getitem__, self.firsts.tolist())))
+        names = self.tenancy.names
+        return list(map(names.__getitem__, self.tenancy.codes[self.firsts].tolist()))
 
 
 def holder_runs(tenancy: Sequence[TenantBucket]) -> HolderRuns:
     """``tenancy`` as :class:`HolderRuns`: sorted by start first where it is not in time order
     (stably, so each start's holders keep the order :func:`by_start` gives them)."""
-    starts = np.fromiter(map(_START, tenancy), np.float64, len(tenancy))
+    run = TenantRun.coerce(tenancy)
+    starts = run.starts
     if not np.all(starts[1:] >= starts[:-1]):
         order = np.argsort(starts, kind="stable")
-        tenancy, starts = tuple(map(tenancy.__getitem__, order.tolist())), starts[order]
+        run = run.take(order)
+        starts = run.starts
     firsts = np.flatnonzero(np.concatenate(([True], starts[1:] != starts[:-1])))[: len(starts)]
     counts = np.diff(np.append(firsts, len(starts)))
-    return HolderRuns(tenancy, starts[firsts], firsts, counts)
-
-
-_START = operator.attrgetter("start")
-_TENANT = operator.attrgetter("tenant")
+    return HolderRuns(run, starts[firsts], firsts, counts)
 
 
 def gpu_name(view: GpuView) -> str:

@@ -29,13 +29,14 @@ The rules, with the thresholds they use:
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from analyzer.classify import GpuVerdict, Segment
 from analyzer.context import Context, Detected, Finding, GpuView, gpu_name
-from analyzer.load import FleetData
+from analyzer.load import NO_TENANCY, FleetData
 from analyzer.reference import computed
 from store import intent
 from store.intent import Declared
@@ -70,14 +71,11 @@ def choose(declarations: tuple[Declared, ...]) -> Declared | None:
     return min(same, key=lambda d: _SOURCE_ORDER.get(d.source, 99))
 
 
-_TENANT = operator.attrgetter("tenant")
-
-
 def main_tenants(data: FleetData) -> dict[str, str]:
     """uuid -> the tenant present on the GPU in the most buckets (ties by name)."""
     out = {}
     for uuid, buckets in data.tenancy.items():
-        counts = Counter(map(_TENANT, buckets))
+        counts = buckets.counts()  # from the codes, not a record per bucket
         if counts:
             out[uuid] = max(counts, key=lambda t: (counts[t], t))
     return out
@@ -198,7 +196,9 @@ def _declared_segment(
 
 
 def _segment_tenant(s: Segment, data: FleetData, uuid: str) -> str | None:
-    counts = Counter(tb.tenant for tb in data.tenancy.get(uuid, ()) if s.start <= tb.start < s.end)
+    tenancy = data.tenancy.get(uuid, NO_TENANCY)
+    starts = tenancy.starts
+    counts = tenancy.take(np.flatnonzero((s.start <= starts) & (starts < s.end))).counts()
     return max(counts, key=lambda t: (counts[t], t)) if counts else None
 
 

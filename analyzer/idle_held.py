@@ -58,7 +58,9 @@ def _tenant_runs(ctx: Context, view: GpuView) -> list[_Run]:
     its own (its processes' SM utilization from NVML) for the window is idle-held too."""
     th = ctx.thresholds
     step = ctx.data.bucket_seconds
-    names = sorted({tb.tenant for present in view.tenants.values() for tb in present})
+    # The names from the tenancy's codes: most GPUs have one tenant, and stop here before
+    # their records are built (:attr:`GpuView.tenants`).
+    names = sorted(view.holder_runs.tenancy.first_seen())
     if len(names) < 2:
         return []
     by_start = {b.start: b for b in view.buckets}

@@ -9,24 +9,21 @@ the length of the aggregation.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import glob
 import itertools
 import logging
 import multiprocessing
-import operator
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 import duckdb
-import numpy as np
 
 from analyzer import mig
 from analyzer.heap import collector_paused
-from analyzer.runs import Run
+from analyzer.runs import LabelledRun, Run
 from store import intent
 from store import storefile as sf
 from store.errors import BadInput
@@ -192,6 +189,19 @@ class TenantBucket(NamedTuple):
     sm_util: float | None  # the process's own SM utilization from NVML, when reported
 
 
+class TenantRun(LabelledRun[TenantBucket]):
+    """One GPU's tenant buckets (:class:`TenantBucket`) in time order, as columns: the tenant
+    as a code into the batch's sorted names (:class:`analyzer.runs.LabelledRun`)."""
+
+    __slots__ = ()
+    RECORD = TenantBucket
+    LABEL = "tenant"
+
+
+#: A GPU without tenants' buckets (``FleetData.tenancy.get(uuid, NO_TENANCY)``).
+NO_TENANCY = TenantRun.of(())
+
+
 class CgroupBucket(NamedTuple):
     """One cgroup of a node over one bucket (a tuple, as :class:`Bucket` is; a cgroup's travel
     as a :class:`CgroupRun`)."""
@@ -222,7 +232,8 @@ class FleetData:
     sample_interval_seconds: float | None
     hosts: dict[str, HostRun] = field(default_factory=dict)  # node -> buckets, as columns
     tenants: dict[str, Tenant] = field(default_factory=dict)  # name -> identity
-    tenancy: dict[str, tuple[TenantBucket, ...]] = field(default_factory=dict)  # uuid -> buckets
+    #: uuid -> its tenants' buckets in time order, as columns (records become one)
+    tenancy: dict[str, TenantRun] = field(default_factory=dict)
     cgroups: dict[tuple[str, str], CgroupRun] = field(default_factory=dict)  # (node, cgroup)
     events: dict[str, int] = field(default_factory=dict)  # agent events by kind (xid, ...)
     #: GPU samples dated after now + a day (a wrong clock), left out of the window.
@@ -234,46 +245,19 @@ class FleetData:
     reach: Reach | None = None
 
     def __post_init__(self) -> None:
-        """Buckets given as records (tests, callers that build them) become runs."""
-        for name, run in (("buckets", BucketRun), ("hosts", HostRun), ("cgroups", CgroupRun)):
+        """Buckets given as records (tests, callers that build them) become runs. Every
+        per-bucket field is a run of columns (:mod:`analyzer.runs`), so a FleetData pickles
+        as its arrays with the dataclass's own state: no Python step per bucket either way
+        (NamedTuples pickle through ``copyreg``'s Python-level reduce, one call each)."""
+        for name, run in (
+            ("buckets", BucketRun),
+            ("hosts", HostRun),
+            ("tenancy", TenantRun),
+            ("cgroups", CgroupRun),
+        ):
             given: dict[Any, Any] = getattr(self, name)
             if not all(isinstance(b, run) for b in given.values()):
                 object.__setattr__(self, name, {k: run.coerce(b) for k, b in given.items()})
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled with its per-bucket records as plain tuples, rebuilt on the other side: a
-        NamedTuple pickles through ``copyreg``'s Python-level reduce, one call per bucket,
-        which made sending a batch between processes (the pool and Ray engines) cost as much
-        as loading it (16 nodes of 8 GPUs for a week: 2.3-3 CPU-s and 31 MiB each way). The
-        GPUs', hosts' and cgroups' buckets are runs of columns (:mod:`analyzer.runs`), which
-        pickle as their arrays; only the tenants' buckets (a name each) take the detour, as
-        one tuple per field (columns, transposed in C): 32 nodes' tenancy took 0.196 CPU-s to
-        pickle and 0.140 to unpickle as a tuple per bucket, 0.049 and 0.095 as columns."""
-        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name in _BUCKETED:
-            state[name] = {k: tuple(zip(*v, strict=True)) for k, v in state[name].items()}
-        return (_unpickle_fleet, (state,))
-
-
-#: FleetData's fields of per-bucket records, and the record of each.
-_BUCKETED: dict[str, type[tuple[Any, ...]]] = {"tenancy": TenantBucket}
-
-
-def _unpickle_fleet(state: dict[str, Any]) -> FleetData:
-    """:meth:`FleetData.__reduce__`'s inverse: the columns as records again."""
-    with collector_paused():
-        for name, record in _BUCKETED.items():
-            state[name] = {
-                k: as_records(record, zip(*columns, strict=True))
-                for k, columns in state[name].items()
-            }
-    return FleetData(**state)
-
-
-def as_records(record: type[T], rows: Iterable[tuple[Any, ...]]) -> tuple[T, ...]:
-    """``rows`` (tuples in the record's field order) as NamedTuple records, built in C:
-    ``record(*row)`` runs the NamedTuple's Python ``__new__`` once per row."""
-    return tuple(map(functools.partial(tuple.__new__, record), rows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -930,25 +914,17 @@ def merge(plan: WindowPlan, parts: Sequence[FleetData]) -> FleetData:
     )
 
 
-#: A :class:`TenantBucket`'s tenant and start, read in C.
-_TENANT = operator.itemgetter(1)
-_START = operator.itemgetter(0)
-
-
-def _first_tenants(
-    parts: Sequence[FleetData], tenancy: dict[str, tuple[TenantBucket, ...]]
-) -> dict[str, Tenant]:
+def _first_tenants(parts: Sequence[FleetData], tenancy: dict[str, TenantRun]) -> dict[str, Tenant]:
     """Each tenant as its first bucket (by GPU uuid, then time) names it, in that order.
 
     A GPU's buckets come in time order (:func:`_fetch_tenancy`), so a tenant's first there is
-    its first occurrence, found in C (a dict built from the buckets reversed, the earliest
-    written last): a Python step per bucket took 0.1 CPU-s per 256 GPUs on the driver."""
+    its first occurrence (:meth:`TenantRun.first_seen`, over the codes: a Python step per
+    bucket took 0.1 CPU-s per 256 GPUs on the driver)."""
     first: dict[str, tuple[str, float]] = {}
     for uuid, present in tenancy.items():
-        earliest = dict(
-            zip(map(_TENANT, reversed(present)), map(_START, reversed(present)), strict=True)
-        )
-        for name, start in earliest.items():
+        seen = present.first_seen()
+        starts = present.starts[list(seen.values())].tolist()
+        for name, start in zip(seen, starts, strict=True):
             if name not in first or (uuid, start) < first[name]:
                 first[name] = (uuid, start)
     owner: dict[str, Tenant] = {}
@@ -961,11 +937,11 @@ def _first_tenants(
 
 
 def _declarations(
-    parts: Sequence[FleetData], tenancy: dict[str, tuple[TenantBucket, ...]]
+    parts: Sequence[FleetData], tenancy: dict[str, TenantRun]
 ) -> dict[str, tuple[Declared, ...]]:
     """The declarations of tenants that held a GPU in the window, distinct and sorted as SQL's
     ``ORDER BY ALL`` sorts them (NULLs last)."""
-    present = set(map(_TENANT, itertools.chain.from_iterable(tenancy.values())))
+    present = {name for run in tenancy.values() for name in run.first_seen()}
     rows = {
         (tenant, d.source, d.kind, d.name, d.implies)
         for part in parts
@@ -1563,7 +1539,7 @@ def _fetch_cgroups(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], Cgro
 
 def _fetch_tenancy(
     con: duckdb.DuckDBPyConnection,
-) -> tuple[dict[str, Tenant], dict[str, tuple[TenantBucket, ...]]]:
+) -> tuple[dict[str, Tenant], dict[str, TenantRun]]:
     # Each tenant's identity as its first bucket (by GPU, then time) gives it, once; the
     # buckets then carry only the tenant's name, one string shared by all of them. One pass
     # (``arg_min`` over (uuid, start), unique per tenant): a window partitioned by tenant
@@ -1579,29 +1555,13 @@ def _fetch_tenancy(
     }
     keys = con.execute("SELECT uuid, count(*) FROM tenancy GROUP BY uuid ORDER BY uuid").fetchall()
     cols = con.execute(
-        "SELECT start, tenant, mem, sm FROM tenancy ORDER BY uuid, start, tenant"
+        "SELECT start, tenant, mem AS memory_bytes, sm AS sm_util FROM tenancy "
+        "ORDER BY uuid, start, tenant"
     ).fetchnumpy()
-    # One string object per tenant name, not one per bucket (memory, and pickle's size).
-    names = {name: name for name in tenants}
-    shared = list(map(names.__getitem__, cols["tenant"].tolist()))
-    start, mem, sm = (_python(cols[c]) for c in ("start", "mem", "sm"))
-    rows = zip(start, shared, mem, sm, strict=True)
-    records = as_records(TenantBucket, rows)
-    bounds = itertools.accumulate((int(n) for _, n in keys), initial=0)
-    return tenants, {
-        str(uuid): records[lo:hi]
-        for (uuid, _), (lo, hi) in zip(keys, itertools.pairwise(bounds), strict=True)
-    }
-
-
-def _python(values: Any) -> list[Any]:
-    """A ``fetchnumpy`` column as the Python values ``fetchall`` gives (ints stay ints), with
-    ``None`` where masked (SQL's NULL), built in C: no Python step per row."""
-    if not isinstance(values, np.ma.MaskedArray):
-        return list(values.tolist())
-    cells = values.data.astype(object)
-    cells[np.ma.getmaskarray(values)] = None
-    return list(cells.tolist())
+    # The GPUs' runs share one tuple of the batch's names, the tenant a code per bucket.
+    labels = cols.pop("tenant").tolist()
+    runs = TenantRun.split(cols, labels, [int(n) for _, n in keys])
+    return tenants, {str(uuid): run for (uuid, _), run in zip(keys, runs, strict=True)}
 
 
 # -- one workload's holdings and usage (``aiscope job``) ------------------------------------------

@@ -99,7 +99,8 @@ def _overlaps(ctx: Context, view: GpuView) -> list[_Overlap]:
     """Pairs of tenants present together, as maximal runs of buckets."""
     step = ctx.data.bucket_seconds
     runs: dict[tuple[str, str], list[list[float]]] = {}
-    shared = sorted(t for t, present in view.tenants.items() if len(present) > 1)
+    holders = view.holder_runs  # the times several shared, from the columns: most GPUs have none
+    shared = holders.starts[holders.counts > 1].tolist()
     for t in shared:  # a bucket with one tenant pairs none
         names = sorted({tb.tenant for tb in view.tenants[t]})
         for i, a in enumerate(names):

@@ -1,7 +1,6 @@
 """A batch's FleetData crosses processes (Map A's result back to the driver, Map B's input out):
-it pickles with its GPUs', hosts' and cgroups' buckets as runs of columns and its tenants'
-buckets as plain tuples, and comes back equal, record types and int fields included, in this
-process and through the pool engine."""
+it pickles with its GPUs', hosts', tenants' and cgroups' buckets as runs of columns, and comes
+back equal, record types and int fields included, in this process and through the pool engine."""
 
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ from analyzer.load import (
     HostBucket,
     HostRun,
     TenantBucket,
+    TenantRun,
     WindowPlan,
     load_nodes,
     plan_window,
@@ -54,7 +54,7 @@ def _records(data: FleetData) -> Iterator[tuple[type, object]]:
     for expected, held_as, field in (
         (Bucket, BucketRun, data.buckets),
         (HostBucket, HostRun, data.hosts),
-        (TenantBucket, tuple, data.tenancy),
+        (TenantBucket, TenantRun, data.tenancy),
         (CgroupBucket, CgroupRun, data.cgroups),
     ):
         for records in field.values():
@@ -86,14 +86,17 @@ def test_records_pickle_as_plain_tuples(data: FleetData) -> None:
 
 
 def test_tenancy_pickles_as_columns_not_a_tuple_per_bucket(data: FleetData) -> None:
-    """The tenants' buckets travel as one tuple per field and GPU (pickling a tuple per bucket
-    cost four times the CPU), and come back as records equal to the loaded ones."""
+    """The tenants' buckets travel as a GPU's arrays and the batch's names, written once
+    (pickling a tuple per bucket cost four times the CPU), and come back as records equal to
+    the loaded ones."""
     tenancy = {u: v for u, v in data.tenancy.items() if v}
     assert sum(map(len, tenancy.values())) > 1000
     blob = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
     tuples = sum(1 for op, _, _ in pickletools.genops(blob) if op.name.startswith("TUPLE"))
     assert tuples < 10 * (len(tenancy) + len(data.buckets) + len(data.hosts) + 100)
     back = pickle.loads(blob)
+    for fleet in (data, back):  # one tuple of names for the batch's GPUs, pickled once
+        assert len({id(run.names) for run in fleet.tenancy.values()}) == 1
     assert back.tenancy == data.tenancy
     assert all(type(r) is TenantBucket for v in back.tenancy.values() for r in v)
 

@@ -10,7 +10,6 @@ rather than guessing. Strategies run in registry order and may read what earlier
 from __future__ import annotations
 
 import math
-import operator
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import numpy as np
 
 from analyzer.classify import GpuVerdict
 from analyzer.context import Finding, Floats
-from analyzer.load import FleetData
+from analyzer.load import NO_TENANCY, FleetData
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +63,8 @@ class Inputs:
         the tenancy of the GPUs they read (services twice)."""
         known = self._tenant_counts.get(uuid)
         if known is None:
-            tenancy = self.data.tenancy.get(uuid, ())
-            known = self._tenant_counts[uuid] = Counter(map(_TENANT, tenancy))
+            tenancy = self.data.tenancy.get(uuid, NO_TENANCY)
+            known = self._tenant_counts[uuid] = Counter(tenancy.counts())  # from the codes
         return known
 
     def main_tenant(self, uuid: str) -> str | None:
@@ -85,7 +84,6 @@ class Strategy(Protocol):
 
 
 REGISTRY: dict[str, Callable[[], Strategy]] = {}
-_TENANT = operator.attrgetter("tenant")
 
 
 def register(cls: type[Any]) -> type[Any]:

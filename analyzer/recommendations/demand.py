@@ -11,7 +11,6 @@ leaves latency headroom.
 from __future__ import annotations
 
 import math
-import operator
 import re
 import statistics
 from collections import Counter
@@ -23,7 +22,7 @@ import numpy as np
 
 from analyzer.classify import GpuVerdict
 from analyzer.context import Floats, column
-from analyzer.load import Bucket, FleetData, GpuInfo
+from analyzer.load import NO_TENANCY, Bucket, FleetData, GpuInfo
 
 _POD_SUFFIX = re.compile(r"^(pod [^/]+/.+?)(-[a-z0-9]{6,10})?-[a-z0-9]{5}$")
 _TP = re.compile(r"--(?:tensor-parallel-size|tp|tp-size|num-shard)[= ](\d+)")
@@ -45,9 +44,6 @@ def service_name(tenant: str) -> str:
     """``pod serving/chat-api-7d9f8c6b5-x2k4q`` -> ``pod serving/chat-api``."""
     match = _POD_SUFFIX.match(tenant)
     return match.group(1) if match else tenant
-
-
-_TENANT = operator.attrgetter("tenant")
 
 
 def services(
@@ -79,7 +75,7 @@ def services(
 
 
 def _main_tenant(data: FleetData, uuid: str) -> str | None:
-    tenants = Counter(map(_TENANT, data.tenancy.get(uuid, ())))
+    tenants = data.tenancy.get(uuid, NO_TENANCY).counts()
     return max(tenants, key=lambda t: (tenants[t], t)) if tenants else None
 
 

@@ -17,7 +17,6 @@ the most room; when that takes fewer nodes than it spans now, the move is recomm
 
 from __future__ import annotations
 
-import operator
 import statistics
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -195,19 +194,15 @@ def _held_at(inputs: Inputs, names: set[str]) -> dict[str, dict[str, list[float]
     the tenancy's order): one walk over the tenancy for all jobs, not one per job."""
     out: dict[str, dict[str, list[float]]] = {}
     for uuid, tbs in inputs.data.tenancy.items():
-        if names.isdisjoint(map(_TENANT, tbs)):  # most GPUs: none of the jobs (in C)
+        present = tbs.first_seen()  # as first met, as one walk would meet them
+        if names.isdisjoint(present):  # most GPUs: none of the jobs
             continue
-        tenants = list(map(_TENANT, tbs))
-        starts = list(map(_START, tbs))
-        for name in dict.fromkeys(tenants):  # as first met, as one walk would meet them
+        code = {name: i for i, name in enumerate(tbs.names)}
+        for name in present:
             if name in names:
-                mine = [t for t, n in zip(starts, tenants, strict=True) if n == name]
+                mine = tbs.starts[tbs.codes == code[name]].tolist()
                 out.setdefault(name, {})[uuid] = mine
     return out
-
-
-_TENANT = operator.attrgetter("tenant")
-_START = operator.attrgetter("start")
 
 
 def _jobs(inputs: Inputs) -> list[_Job]:

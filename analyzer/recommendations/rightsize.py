@@ -23,7 +23,6 @@ profiles that fit (:func:`analyzer.recommendations.consolidate.fill`).
 
 from __future__ import annotations
 
-import operator
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -207,16 +206,13 @@ def _bandwidth_share(profile: dict[str, Any], full_gb: float) -> float:
     return eighths / migspeed.MEMORY_SLICES
 
 
-_TENANT = operator.attrgetter("tenant")
-
-
 def _multi_gpu_tenants(inputs: Inputs) -> set[str]:
     """Workloads on more than one GPU (data- or tensor-parallel ranks): MIG instances have no
     peer-to-peer path between them (PCIe or NVLink; NVIDIA's MIG user guide), so their ranks
     cannot move onto slices one by one."""
     gpus: dict[str, set[str]] = {}
     for uuid, tbs in inputs.data.tenancy.items():
-        for name in set(map(_TENANT, tbs)):
+        for name in tbs.first_seen():
             gpus.setdefault(name, set()).add(uuid)
     return {t for t, held in gpus.items() if len(held) > 1}
 
