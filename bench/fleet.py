@@ -52,6 +52,7 @@ measured in the same run.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib.util
 import json
 import os
@@ -215,14 +216,20 @@ def generate(work: Path, nodes: int, days: float, interval: float, mix: str = "d
     for old in stores.glob("*.duckdb*"):
         old.unlink()
     made = _made_elsewhere(work, stores.name, mix, interval, days)
+    todo = []
     for node in range(nodes):
         path = stores / f"node-{node:04d}.duckdb"
         if path.name in made:
             shutil.copyfile(made[path.name], path)
         else:
-            make_store(path, node, days, interval, mix)
-        if node % 256 == 255:
-            print(f"  {stores.name}: {node + 1} of {nodes} nodes", file=sys.stderr, flush=True)
+            todo.append((path, node))
+    # One node store a process: a node's inserts keep DuckDB on about one core.
+    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        jobs = [pool.submit(make_store, path, node, days, interval, mix) for path, node in todo]
+        for done, job in enumerate(concurrent.futures.as_completed(jobs), start=1):
+            job.result()
+            if done % 256 == 0:
+                print(f"  {stores.name}: {done} of {len(todo)} nodes", file=sys.stderr, flush=True)
     (stores / "done").write_text("")
     return stores
 
