@@ -518,10 +518,15 @@ def redact_argv(argv: list[str]) -> list[str]:
     ctx = _Context()
     for arg in argv:
         pending, ctx.pending = ctx.pending, None
-        # A secret flag's value is redacted even when it starts with "--": click hands
-        # ``--token --x1`` the value "--x1", and a flag lost from a stored line is cheaper
-        # than a secret kept in it (Hypothesis found "--token --0000" kept whole).
-        if pending is not None and (pending == "secret" or not arg.startswith("--")):
+        if pending == "secret" and arg.startswith("--"):
+            # The value of a secret flag, or the next flag after one that takes none
+            # (``--use_auth_token --hub_token T``): click hands ``--token --x1`` the value
+            # "--x1", so it is redacted (Hypothesis found "--token --0000" kept whole), and
+            # read as a flag too, so that the value of a secret flag it names is redacted.
+            out.append(REDACTED)
+            ctx.see_flag(arg)
+            continue
+        if pending is not None and not arg.startswith("--"):
             out.append(_redact_value(pending, arg, ctx.program))
             if arg.rsplit("/", 1)[-1] in _PROGRAMS:  # a program can follow a flag (srun -n 8)
                 ctx.see_positional(arg)

@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.attribution import ProcReader, parse_cgroup, pod_uid_from_cgroup, start_ticks_from_stat
-from agent.redact import _NO_SECRET, REDACTED, redact_argv, redact_environment_entry, redact_text
+from agent.redact import (
+    _NO_SECRET,
+    REDACTED,
+    redact_argv,
+    redact_cmdline,
+    redact_environment_entry,
+    redact_text,
+)
 from tests.conftest import FIXTURES
 
 PROC = ProcReader(FIXTURES / "proc", user_name=lambda uid: {1001: "alice"}.get(uid, str(uid)))
@@ -83,8 +90,18 @@ def test_redaction_rules() -> None:
     assert redact_argv(["--hf-token=xyz"]) == [f"--hf-token={REDACTED}"]
     assert redact_argv(["AWS_SECRET_ACCESS_KEY=abc"]) == [f"AWS_SECRET_ACCESS_KEY={REDACTED}"]
     assert redact_argv(["--max-tokens", "512"]) == ["--max-tokens", "512"]
-    # A secret flag's value is redacted even when it looks like a flag (click takes it whole).
+    # A secret flag's value is redacted even when it looks like a flag (click takes it whole),
+    # and a flag redacted so still redacts its own value (a flag before it took none).
     assert redact_argv(["app", "--token", "--0000"]) == ["app", "--token", REDACTED]
+    for line, secret in [
+        ("python run_clm.py --use_auth_token --hub_token s3cretTok3n", "s3cretTok3n"),
+        ("docker login --password-stdin --password hunter2xyz", "hunter2xyz"),
+        ("python x.py --no-password --api-key abc123secret", "abc123secret"),
+        ("jupyter lab --NotebookApp.token --NotebookApp.password secretpw", "secretpw"),
+        ("python serve.py --auth-token --api-key s3cr3tvalue", "s3cr3tvalue"),
+    ]:
+        assert secret not in " ".join(redact_argv(line.split())), line
+        assert secret not in redact_cmdline(line), line
     url = "https://u:p@h/x?api_key=k&b=1"
     assert redact_text(url) == f"https://u:{REDACTED}@h/x?api_key={REDACTED}&b=1"
     assert redact_environment_entry("DB_PASSWORD", "hunter2") == REDACTED
