@@ -448,8 +448,12 @@ class LabelledRun(Sequence[T], Generic[T]):
         )
 
     def take(self, positions: npt.ArrayLike) -> Self:
-        """The records at ``positions`` (an int array), in that order: a copy."""
-        at = np.asarray(positions, dtype=np.intp)
+        """The records at ``positions`` (an int array), in that order: a copy. A boolean mask
+        is refused (as ints it would pick records 0 and 1)."""
+        given = np.asarray(positions)
+        if given.dtype == np.bool_:
+            raise TypeError(f"{type(self).__name__}.take wants positions, not a mask")
+        at = given.astype(np.intp, copy=False)
         return self._of(self._matrix[:, at], self._codes[at], self._names)
 
     # -- the sequence of records --------------------------------------------------------------

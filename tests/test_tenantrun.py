@@ -148,3 +148,10 @@ def test_a_run_behaves_as_the_tuple_of_its_records(
     order = np.argsort([r.start for r in want], kind="stable")
     assert run.take(order) == tuple(want[i] for i in order.tolist())
     assert pickle.loads(pickle.dumps(run[lo:hi:step])) == want[lo:hi:step]
+
+
+def test_take_refuses_a_mask() -> None:
+    run = TenantRun.of([TenantBucket(1.0, "a", None, None), TenantBucket(2.0, "b", 5.0, 0.5)])
+    assert list(run.take([1, 0])) == [run[1], run[0]]
+    with pytest.raises(TypeError, match="mask"):
+        run.take([True, False])
