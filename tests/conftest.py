@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,17 +29,20 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
 SHARED_DATA = REPO.parent / "shared" / "data"
 
-#: Test files run in parallel (pyproject's ``-n auto --dist loadfile``) on at most this many
-#: workers: each worker builds the session's simulated stores, Ray cluster and Slurm cluster its
-#: files ask for, so more workers than this cost more in those than they save.
+#: Test files run in parallel (pyproject's ``-n auto --dist loadfile``: each file whole on one
+#: worker, its module fixtures built once) on at most this many workers: each worker builds the
+#: session's simulated stores, Ray cluster and Slurm cluster its files ask for, so more workers
+#: than this cost more in those than they save.
 MAX_WORKERS = 4
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker per core this process may run on, at most :data:`MAX_WORKERS`
     (the suite on a 2-core machine: 1,248 s in one process, 549 s on two workers)."""
     del config
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, MAX_WORKERS))
 
 
 # Property tests check what holds, not how fast: a loaded CI machine must not fail them on time.
@@ -231,8 +237,23 @@ def ray_cluster() -> Iterator[RayCluster]:
     ``address="auto"``. Skipped without Ray, unless CI demands it (``AISCOPE_REQUIRE_TOOLS``)."""
     from tests.raycluster import running
 
-    with running(require_tool("ray")) as cluster:
+    with contextlib.ExitStack() as stack:
+        with _one_at_a_time(Path(tempfile.gettempdir()) / "aiscope-tests-ray-start.lock"):
+            cluster = stack.enter_context(running(require_tool("ray")))
         yield cluster
+
+
+@contextlib.contextmanager
+def _one_at_a_time(lock: Path) -> Iterator[None]:
+    """Hold ``lock`` (an exclusive ``flock``) while the block runs: the test workers whose files
+    start a Ray cluster start theirs one after the other, not at once (a head's raylet has a
+    fixed 15 s to come up, which two heads starting together on a loaded machine can miss)."""
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)
