@@ -55,6 +55,7 @@ import argparse
 import concurrent.futures
 import importlib.util
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -223,8 +224,11 @@ def generate(work: Path, nodes: int, days: float, interval: float, mix: str = "d
             shutil.copyfile(made[path.name], path)
         else:
             todo.append((path, node))
-    # One node store a process: a node's inserts keep DuckDB on about one core.
-    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    # One node store a process: a node's inserts keep DuckDB on about one core. Spawned, not
+    # forked: this process may have run DuckDB (an earlier fleet's analysis) and holds its threads.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=cores or 1, mp_context=spawn) as pool:
         jobs = [pool.submit(make_store, path, node, days, interval, mix) for path, node in todo]
         for done, job in enumerate(concurrent.futures.as_completed(jobs), start=1):
             job.result()
