@@ -394,7 +394,9 @@ def _charges(ledger: _Ledger, view: GpuView) -> _Charges:
     runs = view.holder_runs  # the holders at each of their times
     block_of = _blocks(runs)
     entries: dict[int, list[tuple[int, int, float, int]]] = {}  # per block, as first met
-    for block, time in _first_met(block_of):
+    met = _first_met(block_of)
+    holders = runs.reader(len(met))
+    for block, time in met:
         entries[block] = [
             (
                 owners.setdefault(ledger.owner_of(name), len(owners)),
@@ -402,7 +404,7 @@ def _charges(ledger: _Ledger, view: GpuView) -> _Charges:
                 share,
                 BASES.index(basis),
             )
-            for name, share, basis in split(runs.at(time))
+            for name, share, basis in split(holders(time))
         ]
     ordered = [entries.get(b, []) for b in range(int(block_of.max()) + 1 if len(block_of) else 0)]
     block_sizes = np.array([len(es) for es in ordered] or [0], dtype=np.int64)
