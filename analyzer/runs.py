@@ -21,11 +21,12 @@ float, exact below 2**53, and reads back as ``int`` (:meth:`Run.ints` gives it a
 
 from __future__ import annotations
 
+import abc
 import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar, Generic, Self, TypeVar, cast, overload
+from typing import Any, ClassVar, Self, TypeVar, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -37,7 +38,59 @@ Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 
 
-class Run(Sequence[T], Generic[T]):
+class _Records(Sequence[T]):
+    """What :class:`Run` and :class:`LabelledRun` share as a ``Sequence`` of records: built
+    from records (:meth:`coerce`), cut into consecutive runs (:meth:`_cut`), walked forwards
+    and backwards, equal to a tuple or list of the same records and so never hashed. A
+    subclass builds its records in C (:meth:`_records`) and slices into its own type."""
+
+    __slots__ = ()
+
+    @classmethod
+    @abc.abstractmethod
+    def of(cls, records: Iterable[T]) -> Self:
+        """The run of ``records``, in their order."""
+
+    @abc.abstractmethod
+    def _records(self) -> Iterator[T]:
+        """All the records, in order."""
+
+    @classmethod
+    def coerce(cls, records: Sequence[T]) -> Self:
+        """``records`` as a run: itself when it is one already."""
+        return records if isinstance(records, cls) else cls.of(records)
+
+    def _cut(self, counts: Sequence[int]) -> list[Self]:
+        """Consecutive runs of this one, ``counts[i]`` records each (views, no copy)."""
+        bounds = [0, *itertools.accumulate(counts)]
+        if bounds[-1] != len(self):
+            raise ValueError(f"counts sum to {bounds[-1]}, the columns hold {len(self)} rows")
+        return [cast(Self, self[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+
+    def __iter__(self) -> Iterator[T]:
+        return self._records()
+
+    def __reversed__(self) -> Iterator[T]:
+        """The records from the last, built a block at a time: a reader of a GPU's tail (its
+        idle hold up to now: :mod:`analyzer.live`) stops after a few."""
+        n = len(self)
+        blocks = (
+            cast(_Records[T], self[max(hi - _BLOCK, 0) : hi][::-1])._records()
+            for hi in range(n, 0, -_BLOCK)
+        )
+        return itertools.chain.from_iterable(blocks)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a tuple or list of the same records (tests compare the loader's runs with
+        records they build); a subclass compares runs of its own type first."""
+        if isinstance(other, tuple | list):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to tuples, so it cannot hash as one
+
+
+class Run(_Records[T]):
     """An immutable run of records as columns, in the record's field order: a read-only
     ``(fields, records)`` float64 matrix, shared (never copied) by slices and by
     :meth:`column`. A subclass names its record and which of its fields are whole numbers.
@@ -117,19 +170,10 @@ class Run(Sequence[T], Generic[T]):
         return cls._of_matrix(np.array([_from_values(c) for c in cols], dtype=np.float64))
 
     @classmethod
-    def coerce(cls, records: Sequence[T]) -> Self:
-        """``records`` as a run: itself when it is one already."""
-        return records if isinstance(records, cls) else cls.of(records)
-
-    @classmethod
     def split(cls, columns: Mapping[str, npt.ArrayLike], counts: Sequence[int]) -> list[Self]:
         """Consecutive runs of ``columns`` (rows sorted by key), ``counts[i]`` rows each: views
         into one matrix, cut without a Python step per row."""
-        whole = cls(columns)
-        bounds = [0, *itertools.accumulate(counts)]
-        if bounds[-1] != len(whole):
-            raise ValueError(f"counts sum to {bounds[-1]}, the columns hold {len(whole)} rows")
-        return [whole[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+        return cls(columns)._cut(counts)
 
     # -- columns ------------------------------------------------------------------------------
 
@@ -192,16 +236,6 @@ class Run(Sequence[T], Generic[T]):
         self._holes = (never, some)
         return self._holes
 
-    def __iter__(self) -> Iterator[T]:
-        return self._records()
-
-    def __reversed__(self) -> Iterator[T]:
-        """The records from the last, built a block at a time: a reader of a GPU's tail (its
-        idle hold up to now: :mod:`analyzer.live`) stops after a few."""
-        n = len(self)
-        blocks = (self[max(hi - _BLOCK, 0) : hi][::-1]._records() for hi in range(n, 0, -_BLOCK))
-        return itertools.chain.from_iterable(blocks)
-
     def _records(self) -> Iterator[T]:
         """All the records, built in C: each column as a list of Python values (``None`` for
         NaN), zipped into tuples of the record's type."""
@@ -224,11 +258,9 @@ class Run(Sequence[T], Generic[T]):
             return all(
                 np.array_equal(self.column(f), other.column(f), equal_nan=True) for f in self._INDEX
             )
-        if isinstance(other, tuple | list):
-            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
+        return super().__eq__(other)
 
-    __hash__ = None  # type: ignore[assignment]  # equal to tuples, so it cannot hash as one
+    __hash__ = None  # equal to tuples, so it cannot hash as one
 
     def __repr__(self) -> str:
         if not len(self):
@@ -306,7 +338,7 @@ def _values(col: Floats, whole: bool) -> list[Any]:
     return cells.tolist()  # type: ignore[no-any-return]
 
 
-class LabelledRun(Sequence[T], Generic[T]):
+class LabelledRun(_Records[T]):
     """An immutable run of records with one text field (the ``LABEL``: a tenant's name) as
     columns: the other fields as a read-only ``(fields, records)`` float64 matrix, as
     :class:`Run` holds them (NaN: ``None`` in a record), and the label as an int32 code per
@@ -377,21 +409,12 @@ class LabelledRun(Sequence[T], Generic[T]):
         )
 
     @classmethod
-    def coerce(cls, records: Sequence[T]) -> Self:
-        """``records`` as a run: itself when it is one already."""
-        return records if isinstance(records, cls) else cls.of(records)
-
-    @classmethod
     def split(
         cls, columns: Mapping[str, npt.ArrayLike], labels: Sequence[str], counts: Sequence[int]
     ) -> list[Self]:
         """Consecutive runs of ``columns`` and ``labels`` (rows sorted by key), ``counts[i]``
         rows each: views into one matrix sharing one tuple of names."""
-        whole = cls.of_columns(columns, labels)
-        bounds = [0, *itertools.accumulate(counts)]
-        if bounds[-1] != len(whole):
-            raise ValueError(f"counts sum to {bounds[-1]}, the columns hold {len(whole)} rows")
-        return [whole[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+        return cls.of_columns(columns, labels)._cut(counts)
 
     # -- columns ------------------------------------------------------------------------------
 
@@ -425,27 +448,21 @@ class LabelledRun(Sequence[T], Generic[T]):
         """Each label present -> the position of its first record, in order of first
         appearance (as a walk over the records would meet them)."""
         codes, firsts = np.unique(self._codes, return_index=True)
-        order = np.argsort(firsts)
-        return dict(
-            zip(
-                map(self._names.__getitem__, codes[order].tolist()),
-                firsts[order].tolist(),
-                strict=True,
-            )
-        )
+        return self._by_first(codes, firsts, firsts)
 
     def counts(self) -> dict[str, int]:
         """Each label present -> its records, in order of first appearance (as ``Counter``
         over a walk of the labels would give them)."""
         codes, firsts, counts = np.unique(self._codes, return_index=True, return_counts=True)
+        return self._by_first(codes, firsts, counts)
+
+    def _by_first(
+        self, codes: npt.NDArray[Any], firsts: npt.NDArray[Any], values: npt.NDArray[Any]
+    ) -> dict[str, int]:
+        """Each of ``codes``' names -> its value, in order of the name's first record."""
         order = np.argsort(firsts)
-        return dict(
-            zip(
-                map(self._names.__getitem__, codes[order].tolist()),
-                counts[order].tolist(),
-                strict=True,
-            )
-        )
+        names = map(self._names.__getitem__, codes[order].tolist())
+        return dict(zip(names, values[order].tolist(), strict=True))
 
     def take(self, positions: npt.ArrayLike) -> Self:
         """The records at ``positions`` (an int array), in that order: a copy. A boolean mask
@@ -479,15 +496,6 @@ class LabelledRun(Sequence[T], Generic[T]):
         row.insert(self._LABEL_AT, self._names[code])
         return tuple.__new__(self.RECORD, row)  # type: ignore[return-value]  # a T, built in C
 
-    def __iter__(self) -> Iterator[T]:
-        return self._records()
-
-    def __reversed__(self) -> Iterator[T]:
-        """The records from the last, built a block at a time (a reader may stop early)."""
-        n = len(self)
-        blocks = (self[max(hi - _BLOCK, 0) : hi][::-1]._records() for hi in range(n, 0, -_BLOCK))
-        return itertools.chain.from_iterable(blocks)
-
     def _records(self) -> Iterator[T]:
         """All the records, built in C: each column as a list of Python values (``None`` for
         NaN) and the labels as their names, zipped into tuples of the record's type."""
@@ -508,11 +516,9 @@ class LabelledRun(Sequence[T], Generic[T]):
                 if same
                 else self.labels() == other.labels()
             )
-        if isinstance(other, tuple | list):
-            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
+        return super().__eq__(other)
 
-    __hash__ = None  # type: ignore[assignment]  # equal to tuples, so it cannot hash as one
+    __hash__ = None  # equal to tuples, so it cannot hash as one
 
     def __repr__(self) -> str:
         if not len(self):
