@@ -29,24 +29,31 @@ print(len(glob.glob(os.path.join(tempfile.gettempdir(), "aiscope-pool-*"))))
 """
 
 
+def _exits_cleanly(program: str, env: dict[str, str], timeout: float) -> str:
+    """The stdout of ``python -c PROGRAM`` (``env`` added to ours), which exited 0 and printed no
+    traceback."""
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **env},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stdout
+
+
 def _spills(folder: Path) -> list[Path]:
     return sorted(folder.glob("aiscope-pool-*"))
 
 
 def test_a_pool_left_open_at_exit_exits_cleanly_and_removes_its_folder(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", LEFT_OPEN],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
+    stdout = _exits_cleanly(LEFT_OPEN, {"TMPDIR": str(tmp_path)}, timeout=120)
     # The program's own view: the mapping ran, and the folder was there while it ran.
-    assert result.stdout.split("\n")[:2] == ["[(3, 1), (4, 1), (5, 1)]", "1"]
+    assert stdout.split("\n")[:2] == ["[(3, 1), (4, 1), (5, 1)]", "1"]
     assert _spills(tmp_path) == []
 
 
@@ -90,15 +97,5 @@ def test_ray_left_open_at_exit_exits_cleanly(ray_cluster: RayCluster) -> None:
     exit, and its actors, owned by this driver, end with it (and, when an engine is collected
     while the process stays connected, with their last handle: checked by hand, both actors of
     a dropped engine read ``DEAD`` within seconds)."""
-    result = subprocess.run(
-        [sys.executable, "-c", RAY_LEFT_OPEN],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={**os.environ, **ray_cluster.env()},
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    assert result.stdout.split("\n")[0] == "[0, 0, 1]"  # two actors: items 0 and 2 on one
+    stdout = _exits_cleanly(RAY_LEFT_OPEN, ray_cluster.env(), timeout=300)
+    assert stdout.split("\n")[0] == "[0, 0, 1]"  # two actors: items 0 and 2 on one
