@@ -42,9 +42,9 @@ import itertools
 import math
 import statistics
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -60,6 +60,7 @@ from analyzer.lockstep import (
     window_pairs,
 )
 from analyzer.reference import PowerRef, column, references
+from analyzer.spill import Spilled
 from analyzer.thresholds import Thresholds
 from store.schema import GpuClass
 
@@ -240,10 +241,46 @@ class _Span:
 
 def _start_at(buckets: Sequence[Bucket], i: int) -> float:
     """The ``i``-th bucket's start: read from a run's column (no record built), else from the
-    record."""
+    record; a far span's first and last at hand."""
     if isinstance(buckets, BucketRun):
         return float(buckets.starts[i])
+    if isinstance(buckets, _Far) and i in (0, -1):
+        return buckets.first if i == 0 else buckets.last
     return buckets[i].start
+
+
+class _Far(Sequence[Bucket]):
+    """A span's buckets on an engine's driver, whose GPU's run is on disk
+    (:mod:`analyzer.spill`): its length and its first and last starts at hand, the buckets read
+    back when a step asks for them (:meth:`run`: a replica candidate's load). A slice of the
+    run itself would keep the whole run in memory, and :func:`finish` holds every span of the
+    fleet at once."""
+
+    __slots__ = ("_hi", "_lo", "_source", "_uuid", "first", "last")
+
+    def __init__(
+        self, source: Mapping[str, BucketRun], uuid: str, lo: int, hi: int, starts: Floats
+    ) -> None:
+        self._source, self._uuid, self._lo, self._hi = source, uuid, lo, hi
+        self.first, self.last = float(starts[lo]), float(starts[hi - 1])
+
+    def run(self) -> BucketRun:
+        return self._source[self._uuid][self._lo : self._hi]
+
+    def __len__(self) -> int:
+        return self._hi - self._lo
+
+    @overload
+    def __getitem__(self, index: int) -> Bucket: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> BucketRun: ...
+
+    def __getitem__(self, index: int | slice) -> Bucket | BucketRun:
+        return self.run()[index]
+
+    def __iter__(self) -> Iterator[Bucket]:
+        return iter(self.run())
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,10 +372,20 @@ def finish(
     refs = {u: r for b in batches for u, r in b.refs.items()}
     records = {u: r for b in batches for u, r in b.spans.items()}
     spans: dict[str, list[_Span]] = {}
+    far = isinstance(data.buckets, Spilled)  # the runs on disk: spans hold no slice of them
     for gpu in data.gpus:
         buckets = data.buckets.get(gpu.uuid, ())
         spans[gpu.uuid] = [
-            _Span(gpu, refs[gpu.uuid], buckets[r.lo : r.hi], r.occupied, r.plateau, r.features)
+            _Span(
+                gpu,
+                refs[gpu.uuid],
+                _Far(data.buckets, gpu.uuid, r.lo, r.hi, buckets.starts)
+                if far and isinstance(buckets, BucketRun)
+                else buckets[r.lo : r.hi],
+                r.occupied,
+                r.plateau,
+                r.features,
+            )
             for r in records[gpu.uuid]
         ]
     best, links = merge_found(found)  # every reducer's: the max r, the union of forests
@@ -1029,7 +1076,17 @@ def _replicas(spans: list[_Span], th: Thresholds, step: int) -> None:
     correlate near 1 at every resolution), over ``replica_min_seconds`` of shared time."""
     found = [s for s in spans if _replica_candidate(s, th)]
     found.sort(key=lambda s: s.features.memory_gib or 0.0)
-    series = {id(s): _LoadSeries(s) for s in found}
+    # A span is compared with the next REPLICA_CANDIDATES only: its series is built when first
+    # asked and let go once it has been compared, so the series held stay that many, whatever
+    # the fleet (every candidate's at once was 32 KiB a week's span, 0.5 GiB at 16,384 GPUs).
+    series: dict[int, _LoadSeries] = {}
+
+    def series_of(span: _Span) -> _LoadSeries:
+        known = series.get(id(span))
+        if known is None:
+            known = series[id(span)] = _LoadSeries(span)
+        return known
+
     pairs: dict[int, list[tuple[float, float]]] = {id(s): [] for s in found}
     for i, s in enumerate(found):
         top = (s.features.memory_gib or 0.0) * (1.0 + th.replica_footprint_ratio)
@@ -1038,13 +1095,14 @@ def _replicas(spans: list[_Span], th: Thresholds, step: int) -> None:
             if (o.features.memory_gib or 0.0) > top:
                 break
             peers.append(o)
-        mine = series[id(s)]
-        fine = _fine_rs(mine, [series[id(o)] for o in peers], th, step)
+        mine = series_of(s)
+        fine = _fine_rs(mine, [series_of(o) for o in peers], th, step)
         for o, known in zip(peers, fine, strict=True):
-            rs = _replica_rs(mine, series[id(o)], th, step, known)
+            rs = _replica_rs(mine, series_of(o), th, step, known)
             if rs is not None:
                 pairs[id(s)].append(rs)
                 pairs[id(o)].append(rs)
+        del series[id(s)]  # compared with every later span it may be a replica of
     for s in found:
         if pairs[id(s)]:
             s.features = dataclasses.replace(
@@ -1078,9 +1136,10 @@ class _LoadSeries:
         if span.cols is not None:
             starts, load = span.cols.start, span.cols.load
         else:  # rebuilt from its record: the three columns the load needs
-            power = column(span.buckets, "power_watts")
-            util = column(span.buckets, "util")
-            starts, load = column(span.buckets, "start"), _loads(util, power, span.ref)
+            buckets = span.buckets.run() if isinstance(span.buckets, _Far) else span.buckets
+            power = column(buckets, "power_watts")
+            util = column(buckets, "util")
+            starts, load = column(buckets, "start"), _loads(util, power, span.ref)
         reported = ~np.isnan(load)
         self.starts, self.values = starts[reported], load[reported]
         self._fine: _Centred | None = None

@@ -8,9 +8,10 @@ Built once per analysis and never changed after (:func:`context`); the detectors
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from analyzer.load import (
 from analyzer.reference import PowerRef, computed, held, references
 from analyzer.reference import column as _column  # the one reading of a field as floats
 from analyzer.runs import Run
+from analyzer.spill import CACHED, Spilled
 from analyzer.thresholds import Thresholds
 
 GIB = float(1 << 30)
@@ -292,7 +294,9 @@ class Context:
 
     data: FleetData
     thresholds: Thresholds
-    views: dict[str, GpuView]
+    #: Each GPU's view by uuid, in the fleet's order: built once where the fleet's runs are in
+    #: memory, else on demand (:class:`Views`)
+    views: Mapping[str, GpuView]
     idle_watts: dict[str, float]
     bucket_hours: float
     #: Each node's median InfiniBand traffic over the window (bytes/s), where reported.
@@ -365,15 +369,60 @@ def _floats(records: Sequence[HostBucket | CgroupBucket], name: str) -> Floats:
     return np.array([getattr(r, name) for r in records], dtype=np.float64)
 
 
+class Views(Mapping[str, GpuView]):
+    """The GPUs' views where their runs are on disk (an engine's driver: :mod:`analyzer.spill`):
+    each built when asked, the last :data:`~analyzer.spill.CACHED` kept with what they have
+    computed. Views kept for every GPU held every GPU's runs, and the columns and codes the
+    steps derive from them, at once; the steps walk the fleet in its order, or look up the few
+    GPUs a finding names."""
+
+    def __init__(
+        self, data: FleetData, verdicts: dict[str, GpuVerdict], refs: dict[str, PowerRef]
+    ) -> None:
+        self._data = data
+        self._gpus = {gpu.uuid: gpu for gpu in data.gpus}
+        self._verdicts = verdicts
+        self._refs = refs
+        self._recent: collections.OrderedDict[str, GpuView] = collections.OrderedDict()
+
+    def __getitem__(self, uuid: str) -> GpuView:
+        recent = self._recent
+        if uuid in recent:
+            recent.move_to_end(uuid)
+            return recent[uuid]
+        view = _view(self._data, self._gpus[uuid], self._verdicts, self._refs)
+        recent[uuid] = view
+        if len(recent) > CACHED:
+            recent.popitem(last=False)
+        return view
+
+    def __contains__(self, uuid: object) -> bool:
+        return uuid in self._gpus
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._gpus)
+
+    def __len__(self) -> int:
+        return len(self._gpus)
+
+
+def _view(
+    data: FleetData, gpu: GpuInfo, verdicts: dict[str, GpuVerdict], refs: dict[str, PowerRef]
+) -> GpuView:
+    buckets = data.buckets.get(gpu.uuid, ())
+    tenancy = data.tenancy.get(gpu.uuid, NO_TENANCY)
+    return GpuView(gpu, buckets, tenancy, verdicts.get(gpu.uuid), refs[gpu.uuid])
+
+
 def context(data: FleetData, verdicts: list[GpuVerdict], thresholds: Thresholds) -> Context:
     by_uuid = {v.info.uuid: v for v in verdicts}
     judged = {v.info.uuid: v.ref for v in verdicts if v.ref is not None}
     refs = judged if len(judged) == len(data.gpus) else references(data, thresholds)
-    views = {}
-    for gpu in data.gpus:
-        buckets = data.buckets.get(gpu.uuid, ())
-        tenancy = data.tenancy.get(gpu.uuid, NO_TENANCY)
-        views[gpu.uuid] = GpuView(gpu, buckets, tenancy, by_uuid.get(gpu.uuid), refs[gpu.uuid])
+    views: Mapping[str, GpuView]
+    if isinstance(data.buckets, Spilled):
+        views = Views(data, by_uuid, refs)
+    else:
+        views = {gpu.uuid: _view(data, gpu, by_uuid, refs) for gpu in data.gpus}
     ib = {
         node: _reported(hosts.column("ib_bytes_per_second")) for node, hosts in data.hosts.items()
     }

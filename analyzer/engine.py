@@ -13,7 +13,10 @@ The interface has three verbs:
 
 * :meth:`Engine.broadcast` puts a value where every task can read it once (Ray's object store;
   the pool sends it with each task, a batch of nodes being a few tasks per worker);
-* :meth:`Engine.map` runs ``fn(item, shared)`` for each item;
+* :meth:`Engine.map` runs ``fn(item, shared)`` for each item; :meth:`Engine.map_each` also
+  hands each result to ``take`` on the driver as soon as it arrives (in whatever order the
+  tasks end) and keeps only what ``take`` returns: a stage whose results are large (Map B's
+  batches) is put away one batch at a time instead of held whole;
 * :meth:`Engine.shuffle_reduce` runs ``fn(item, shared)`` for each item, each returning
   ``(key, value)`` pairs, groups the values by key across every item (a key goes to one
   reducer, chosen by a stable hash of the key, never Python's salted :func:`hash`), then runs
@@ -60,6 +63,7 @@ R = TypeVar("R")
 S = TypeVar("S")
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+U = TypeVar("U")
 
 ENGINES = ("serial", "pool", "ray")
 RAY_INSTALL = "pip install 'aiscope[ray]'"
@@ -93,6 +97,14 @@ class Engine(Protocol):
     def broadcast(self, value: S) -> Shared[S]: ...
 
     def map(self, fn: Callable[[T, S], R], items: Sequence[T], shared: Shared[S]) -> list[R]: ...
+
+    def map_each(
+        self,
+        fn: Callable[[T, S], R],
+        items: Sequence[T],
+        shared: Shared[S],
+        take: Callable[[R], U],
+    ) -> list[U]: ...
 
     def shuffle_reduce(
         self,
@@ -162,6 +174,15 @@ class SerialEngine:
 
     def map(self, fn: Callable[[T, S], R], items: Sequence[T], shared: Shared[S]) -> list[R]:
         return [fn(item, shared.handle) for item in items]
+
+    def map_each(
+        self,
+        fn: Callable[[T, S], R],
+        items: Sequence[T],
+        shared: Shared[S],
+        take: Callable[[R], U],
+    ) -> list[U]:
+        return [take(fn(item, shared.handle)) for item in items]
 
     def shuffle_reduce(
         self,
@@ -263,6 +284,37 @@ class PoolEngine:
         for i in self._order(len(items)):
             futures[i] = self._submit(i, _call, fn, items[i], shared.handle)
         return [self._result(futures[i]) for i in range(len(items))]
+
+    def map_each(
+        self,
+        fn: Callable[[T, S], R],
+        items: Sequence[T],
+        shared: Shared[S],
+        take: Callable[[R], U],
+    ) -> list[U]:
+        """:meth:`map`, each result taken as its task ends and let go: a future holds its
+        result until it is dropped, so results waited for in the items' order (submitted
+        backwards, item 0 ends last) were all held at once."""
+        where: dict[concurrent.futures.Future[R], int] = {}
+        for i in self._order(len(items)):
+            where[self._submit(i, _call, fn, items[i], shared.handle)] = i
+        taken: dict[int, U] = {}
+        failed: dict[int, AiscopeError] = {}
+        pending = set(where)
+        while pending:
+            done, pending = concurrent.futures.wait(pending, return_when="FIRST_COMPLETED")
+            for future in done:
+                i = where.pop(future)
+                try:
+                    result = self._result(future)
+                except AiscopeError as e:  # raised once all have ended, the first in order
+                    failed[i] = e
+                    continue
+                taken[i] = take(result)
+            del done  # nothing else holds a taken future
+        if failed:
+            raise failed[min(failed)]
+        return [taken[i] for i in range(len(items))]
 
     def _order(self, count: int) -> Sequence[int]:
         """The items' submission order: the reverse of the previous map's, so that a worker

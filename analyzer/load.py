@@ -14,7 +14,7 @@ import itertools
 import logging
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -24,6 +24,7 @@ import duckdb
 from analyzer import mig
 from analyzer.heap import collector_paused
 from analyzer.runs import LabelledRun, Run
+from analyzer.spill import Spill, Spilled
 from store import intent
 from store import storefile as sf
 from store.errors import BadInput
@@ -41,6 +42,7 @@ from store.schema import (
 BUCKET_SECONDS = 300
 T = TypeVar("T", bound=tuple[Any, ...])
 R = TypeVar("R", bound=Run[Any])
+M = TypeVar("M")
 
 # The columns this module's SQL reads, checked against the schema when it is imported.
 sf.require_columns(
@@ -226,14 +228,16 @@ class FleetData:
     window_end: float
     bucket_seconds: int
     gpus: tuple[GpuInfo, ...]
-    #: uuid -> its buckets in time order, as columns (records of any other sequence become one)
-    buckets: dict[str, BucketRun]
+    #: uuid -> its buckets in time order, as columns (records of any other sequence become
+    #: one); on the driver of an engine, read back from disk (:func:`spilled`)
+    buckets: Mapping[str, BucketRun]
     hints: dict[str, tuple[str, ...]]  # uuid -> command names and lines seen on it
     sample_interval_seconds: float | None
     hosts: dict[str, HostRun] = field(default_factory=dict)  # node -> buckets, as columns
     tenants: dict[str, Tenant] = field(default_factory=dict)  # name -> identity
-    #: uuid -> its tenants' buckets in time order, as columns (records become one)
-    tenancy: dict[str, TenantRun] = field(default_factory=dict)
+    #: uuid -> its tenants' buckets in time order, as columns (records become one); spilled
+    #: as ``buckets`` is
+    tenancy: Mapping[str, TenantRun] = field(default_factory=dict)
     cgroups: dict[tuple[str, str], CgroupRun] = field(default_factory=dict)  # (node, cgroup)
     events: dict[str, int] = field(default_factory=dict)  # agent events by kind (xid, ...)
     #: GPU samples dated after now + a day (a wrong clock), left out of the window.
@@ -255,7 +259,9 @@ class FleetData:
             ("tenancy", TenantRun),
             ("cgroups", CgroupRun),
         ):
-            given: dict[Any, Any] = getattr(self, name)
+            given: Mapping[Any, Any] = getattr(self, name)
+            if isinstance(given, Spilled):  # runs already, on disk: not read back to check
+                continue
             if not all(isinstance(b, run) for b in given.values()):
                 object.__setattr__(self, name, {k: run.coerce(b) for k, b in given.items()})
 
@@ -884,13 +890,23 @@ def _read_nodes(
         con.close()
 
 
+def spilled(data: FleetData, spill: Spill) -> FleetData:
+    """``data`` with its GPUs' buckets and tenants written to ``spill`` and read back from it
+    when asked (:mod:`analyzer.spill`): what the driver keeps of a batch Map B hands back."""
+    return dataclasses.replace(
+        data,
+        buckets=Spilled.write(spill, "buckets", data.buckets),
+        tenancy=Spilled.write(spill, "tenancy", data.tenancy),
+    )
+
+
 def merge(plan: WindowPlan, parts: Sequence[FleetData]) -> FleetData:
     """Merge A: the batches' partial data as one fleet, in :func:`load`'s order (batches are
     consecutive runs of the plan's sorted nodes): GPUs, hosts and cgroups by node as they come;
     tenancy by GPU uuid; a tenant's identity from its first bucket over the fleet (by uuid, then
-    time); declarations of the window's tenants only, sorted."""
-    tenancy = {u: t for part in parts for u, t in part.tenancy.items()}
-    tenancy = {u: tenancy[u] for u in sorted(tenancy)}
+    time); declarations of the window's tenants only, sorted. Parts whose runs were spilled
+    (:func:`spilled`) give a fleet whose runs are read back from the same spill."""
+    tenancy = _joined([part.tenancy for part in parts], sort=True)
     events: dict[str, int] = {}
     for part in parts:
         for kind, n in part.events.items():
@@ -900,7 +916,7 @@ def merge(plan: WindowPlan, parts: Sequence[FleetData]) -> FleetData:
         window_end=plan.window_end,
         bucket_seconds=plan.bucket_seconds,
         gpus=tuple(g for part in parts for g in part.gpus),
-        buckets={u: b for part in parts for u, b in part.buckets.items()},
+        buckets=_joined([part.buckets for part in parts]),
         hints={u: h for part in parts for u, h in part.hints.items()},
         sample_interval_seconds=plan.sample_interval_seconds,
         hosts={n: h for part in parts for n, h in part.hosts.items()},
@@ -914,7 +930,20 @@ def merge(plan: WindowPlan, parts: Sequence[FleetData]) -> FleetData:
     )
 
 
-def _first_tenants(parts: Sequence[FleetData], tenancy: dict[str, TenantRun]) -> dict[str, Tenant]:
+def _joined(parts: Sequence[Mapping[str, M]], sort: bool = False) -> Mapping[str, M]:
+    """The parts' mappings by uuid as one, in their order (``sort``: by uuid): one
+    :class:`~analyzer.spill.Spilled` over the same spill where every part was spilled."""
+    if parts and all(isinstance(p, Spilled) for p in parts):
+        spilled_parts = [p for p in parts if isinstance(p, Spilled)]
+        keys = sorted(k for p in parts for k in p) if sort else None
+        return Spilled.join(spilled_parts, keys)
+    joined = {u: run for part in parts for u, run in part.items()}
+    return {u: joined[u] for u in sorted(joined)} if sort else joined
+
+
+def _first_tenants(
+    parts: Sequence[FleetData], tenancy: Mapping[str, TenantRun]
+) -> dict[str, Tenant]:
     """Each tenant as its first bucket (by GPU uuid, then time) names it, in that order.
 
     A GPU's buckets come in time order (:func:`_fetch_tenancy`), so a tenant's first there is
@@ -937,7 +966,7 @@ def _first_tenants(parts: Sequence[FleetData], tenancy: dict[str, TenantRun]) ->
 
 
 def _declarations(
-    parts: Sequence[FleetData], tenancy: dict[str, TenantRun]
+    parts: Sequence[FleetData], tenancy: Mapping[str, TenantRun]
 ) -> dict[str, tuple[Declared, ...]]:
     """The declarations of tenants that held a GPU in the window, distinct and sorted as SQL's
     ``ORDER BY ALL`` sorts them (NULLs last)."""

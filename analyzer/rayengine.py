@@ -95,6 +95,7 @@ R = TypeVar("R")
 S = TypeVar("S")
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+U = TypeVar("U")
 
 #: How long the address's port may take to answer before it counts as no cluster (seconds).
 CONNECT_TIMEOUT_SECONDS = 5.0
@@ -288,6 +289,36 @@ class RayEngine:
             refs[i] = self._on(i).map.remote(fn_ref, items[i], shared.handle)
         return _get(refs, fn)
 
+    def map_each(
+        self,
+        fn: Callable[[T, S], R],
+        items: Sequence[T],
+        shared: Shared[S],
+        take: Callable[[R], U],
+    ) -> list[U]:
+        """:meth:`map`, each result fetched and taken as its task ends (``ray.wait``) and let
+        go; a failed task's error is raised once every task has ended, the first in the items'
+        order, as :meth:`map` raises it."""
+        fn_ref = ray.put(fn)
+        where: dict[Any, int] = {}
+        for i in self._order(len(items)):
+            where[self._on(i).map.remote(fn_ref, items[i], shared.handle)] = i
+        taken: dict[int, U] = {}
+        failed: dict[int, AiscopeError] = {}
+        pending = list(where)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            (result,) = _fetch(ready, fn, also=pending)
+            i = where.pop(ready[0])
+            if isinstance(result, _Failed):
+                failed[i] = result.error
+            else:
+                taken[i] = take(result)
+            del ready, result  # the object store may let the batch go
+        if failed:
+            raise failed[min(failed)]
+        return [taken[i] for i in range(len(items))]
+
     def _order(self, count: int) -> Sequence[int]:
         """The items' submission order: the reverse of the previous map's (module docstring)."""
         self._backwards = not self._backwards
@@ -396,17 +427,24 @@ def _check_reachable(address: str) -> None:
 def _get(refs: list[Any], stage: Callable[..., Any]) -> list[Any]:
     """``ray.get`` with the failures of a task as the project's errors (module docstring of
     :mod:`analyzer.engine`)."""
-    try:
-        results = list(ray.get(refs))
-    except ray.exceptions.RayError as exc:  # Ray's own failure: the others are cancelled
-        for ref in refs:
-            with contextlib.suppress(ray.exceptions.RayError, ValueError, TypeError):
-                ray.cancel(ref)
-        raise _as_project_error(exc, stage) from exc
+    results = _fetch(refs, stage)
     for result in results:
         if isinstance(result, _Failed):
             raise result.error
     return results
+
+
+def _fetch(refs: list[Any], stage: Callable[..., Any], also: Sequence[Any] = ()) -> list[Any]:
+    """``ray.get``, a stage's own errors left as :class:`_Failed` values and Ray's failure
+    raised as the project's error, once ``refs`` and ``also`` (the stage's other tasks:
+    :meth:`RayEngine.map_each` fetches one at a time) are cancelled."""
+    try:
+        return list(ray.get(refs))
+    except ray.exceptions.RayError as exc:  # Ray's own failure: the others are cancelled
+        for ref in [*refs, *also]:
+            with contextlib.suppress(ray.exceptions.RayError, ValueError, TypeError):
+                ray.cancel(ref)
+        raise _as_project_error(exc, stage) from exc
 
 
 def _as_project_error(exc: BaseException, stage: Callable[..., Any]) -> AiscopeError:

@@ -56,6 +56,7 @@ the same documents (``tests/test_stages.py``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -81,9 +82,11 @@ from analyzer.load import (
     load_nodes,
     merge,
     plan_window,
+    spilled,
 )
 from analyzer.lockstep import Lockstep, LockstepCandidate, window_keys, window_pairs
 from analyzer.reference import IdleHistogram, fleet_idle, idle_histogram, merge_histograms
+from analyzer.spill import Spill
 from analyzer.thresholds import Thresholds
 from store import storefile as sf
 from store.intent import Declared
@@ -259,6 +262,11 @@ def spans_batch(item: tuple[tuple[str, ...], int], shared: SpansShared) -> Class
     return Classified(data, spans, read=kept is None)
 
 
+def _put_away(spill: Spill, classified: Classified) -> Classified:
+    """Map B's result as the driver keeps it: the batch's runs in ``spill``."""
+    return dataclasses.replace(classified, data=spilled(classified.data, spill))
+
+
 def _keep(key: tuple[str, tuple[str, ...]], value: FleetData | _Seen, limit: int | None) -> None:
     """Keep ``value`` for a later stage here; past ``limit`` entries, the oldest goes."""
     _KEPT[key] = value
@@ -416,7 +424,9 @@ def load_and_classify_staged(
     items = list(zip(runs, offsets, strict=False))  # accumulate gives one more: the total
     shared = engine.broadcast(SpansShared(plan, th, idle, run, keep))
     progress(0.3, f"classifying the spans of {sum(x.gpus for x in counted):,} GPUs")
-    classified = engine.map(spans_batch, items, shared)
+    # Each batch's runs go to disk as it comes back, so the driver never holds the fleet's
+    # (:mod:`analyzer.spill`): the steps after this read them back a GPU at a time.
+    classified = engine.map_each(spans_batch, items, shared, functools.partial(_put_away, Spill()))
     data = merge(plan, [x.data for x in classified])
     spans = [x.spans for x in classified]
     progress(0.55, "joining spans in lockstep")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from analyzer.classify import CLASSES, GpuVerdict
 from analyzer.context import CLASS_CODES, Finding, Floats, Ints, class_codes, column, running_sum
+from analyzer.exact import ExactSum
 from analyzer.load import Bucket, FleetData
 
 HOUR = 3600
@@ -35,7 +36,7 @@ def summarize(
     data: FleetData, verdicts: list[GpuVerdict], findings: tuple[Finding, ...]
 ) -> dict[str, Any]:
     hours = data.bucket_seconds / HOUR
-    gpus = [_Gpu(v, data.buckets.get(v.info.uuid, ())) for v in verdicts]
+    gpus = _Gpus(data, verdicts)
     by_class: dict[str, float] = {}
     for gpu in gpus:  # sums in the per-bucket order (running_sum), classes as first seen
         counts = np.bincount(gpu.codes, minlength=len(CLASS_CODES))
@@ -147,12 +148,24 @@ class _Gpu:
         object.__setattr__(self, "buckets", buckets)
 
 
+class _Gpus:
+    """Each verdict's :class:`_Gpu`, built again at each walk: on an engine's driver the runs
+    are read back from disk (:mod:`analyzer.spill`), and a list of them held them all."""
+
+    def __init__(self, data: FleetData, verdicts: list[GpuVerdict]) -> None:
+        self._data, self._verdicts = data, verdicts
+
+    def __iter__(self) -> Iterator[_Gpu]:
+        buckets = self._data.buckets
+        return (_Gpu(v, buckets.get(v.info.uuid, ())) for v in self._verdicts)
+
+
 #: Class codes in the order of their names: the timeline breaks a tie between classes by name.
 _BY_NAME = np.argsort(np.array(CLASS_CODES))
 _NAME_RANK = np.argsort(_BY_NAME)
 
 
-def _timeline(data: FleetData, gpus: list[_Gpu]) -> dict[str, Any]:
+def _timeline(data: FleetData, gpus: _Gpus) -> dict[str, Any]:
     """GPUs by class per hour (the class a GPU had for most of the hour; a tie goes to the
     class whose name sorts last)."""
     start = data.window_start - data.window_start % HOUR
@@ -177,11 +190,12 @@ def _timeline(data: FleetData, gpus: list[_Gpu]) -> dict[str, Any]:
     return {"start": start, "step_seconds": HOUR, "classes": counts}
 
 
-def _real_utilization(gpus: list[_Gpu]) -> dict[str, Any]:
+def _real_utilization(gpus: _Gpus) -> dict[str, Any]:
     """Per class: mean utilization (a duty cycle), mean power against the limit, mean SM
     activity where reported. A class at 95% utilization and 40% power is waiting, not working.
-    (Means by :func:`math.fsum`, exact whatever the order, as :func:`statistics.fmean`.)"""
-    acc: dict[str, dict[str, list[Floats]]] = {}
+    (Means of exact sums, :class:`~analyzer.exact.ExactSum`: :func:`math.fsum`'s, whatever
+    the order, fed a GPU at a time.)"""
+    acc: dict[str, dict[str, ExactSum]] = {}
     for gpu in gpus:
         limit = gpu.verdict.info.power_limit_watts
         util = column(gpu.buckets, "util")
@@ -192,22 +206,22 @@ def _real_utilization(gpus: list[_Gpu]) -> dict[str, Any]:
                 continue
             mine = gpu.codes == code
             entry = acc.setdefault(
-                CLASS_CODES[code], {"utilization": [], "power_of_limit": [], "sm_active": []}
+                CLASS_CODES[code],
+                {"utilization": ExactSum(), "power_of_limit": ExactSum(), "sm_active": ExactSum()},
             )
-            entry["utilization"].append(_present(util[mine]))
+            entry["utilization"].add(_present(util[mine]))
             if limit:
-                entry["power_of_limit"].append(_present(power[mine]) / limit)
-            entry["sm_active"].append(_present(sm[mine]))
-    return {cls: {k: _fmean(v) for k, v in entry.items()} for cls, entry in sorted(acc.items())}
+                entry["power_of_limit"].add(_present(power[mine]) / limit)
+            entry["sm_active"].add(_present(sm[mine]))
+    return {cls: {k: _mean(v) for k, v in entry.items()} for cls, entry in sorted(acc.items())}
 
 
 def _present(values: Floats) -> Floats:
     return values[~np.isnan(values)]
 
 
-def _fmean(parts: list[Floats]) -> float | None:
-    values = np.concatenate(parts).tolist() if parts else []
-    return round(math.fsum(values) / len(values), 3) if values else None
+def _mean(total: ExactSum) -> float | None:
+    return round(total.value / total.count, 3) if total.count else None
 
 
 def _nodes(

@@ -73,3 +73,12 @@ def ticked(item: int, shared: object) -> int:
     """How many calls of this stage the process ran before this one (the order it ran them)."""
     _TICKS.append(item)
     return len(_TICKS) - 1
+
+
+def slow_first(item: int, shared: object) -> int:
+    """Item 0 ends a second after the others: a stage whose results arrive out of order."""
+    import time
+
+    if item == 0:
+        time.sleep(1.0)
+    return item * 10

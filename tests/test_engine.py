@@ -78,6 +78,43 @@ def test_map_keeps_the_items_order_and_reads_the_broadcast(engine: Engine) -> No
     assert engine.map(stages.scaled, [], shared) == []
 
 
+def test_map_each_takes_every_result_once_in_the_items_order(engine: Engine) -> None:
+    shared = engine.broadcast(SHARED)
+    taken: list[tuple[int, int]] = []
+
+    def take(result: tuple[int, int]) -> int:
+        taken.append(result)
+        return result[0] + 1
+
+    assert engine.map_each(stages.scaled, ITEMS, shared, take) == [i * 3 + 1 for i in ITEMS]
+    assert sorted(taken) == [(i * 3, 2 << 20) for i in ITEMS]  # once each
+    assert engine.map_each(stages.scaled, [], shared, take) == []
+
+
+@pytest.mark.slow
+def test_map_each_takes_a_result_as_soon_as_its_task_ends(spread: Engine) -> None:
+    """The driver puts each batch away as it comes (Map B's runs to disk), not once the first
+    item's result is in: results waited for in the items' order were all held at once."""
+    order: list[int] = []
+    shared = spread.broadcast(None)
+    results = spread.map_each(stages.slow_first, list(range(6)), shared, order.append)
+    assert results == [None] * 6 and sorted(order) == [0, 10, 20, 30, 40, 50]
+    # the other worker's items (1, 3, 5) end while item 0 sleeps, and are taken before it
+    assert {10, 30, 50} <= set(order[: order.index(0)])
+
+
+def test_map_each_fails_as_map_does(engine: Engine) -> None:
+    shared = engine.broadcast(None)
+    if engine.name == "serial":
+        with pytest.raises(ValueError, match="bad item 3"):
+            engine.map_each(stages.explode, ITEMS, shared, lambda r: r)
+        return
+    with pytest.raises(EngineError, match=r"tests\.enginestages\.explode failed: ValueError: bad"):
+        engine.map_each(stages.explode, ITEMS, shared, lambda r: r)
+    with pytest.raises(BadInput, match=r"^--store node-0\.duckdb: not an aiscope store$"):
+        engine.map_each(stages.refuse, ITEMS, shared, lambda r: r)  # the first in order
+
+
 def test_shuffle_groups_in_the_serial_engines_order(engine: Engine) -> None:
     shared = engine.broadcast(SHARED)
     reduced = engine.shuffle_reduce(stages.spans, ITEMS, stages.collect, shared)

@@ -100,19 +100,21 @@ def demand_curve(
     data: FleetData, service: Service, target_util: float
 ) -> tuple[list[float], list[float]]:
     """(bucket start times, demand in GPUs) for the service over the window: its GPUs' busy
-    shares summed per bucket start, GPU after GPU (the order a per-bucket loop adds them)."""
-    columns = []
-    for gpu in service.gpus:
-        buckets = data.buckets.get(gpu.uuid, ())
-        columns.append((column(buckets, "start"), busy_column(buckets)))
-    if not columns:
+    shares summed per bucket start, GPU after GPU (the order a per-bucket loop adds them).
+    Two walks over the GPUs, the starts first: holding every GPU's columns held its whole run
+    on an engine's driver (:mod:`analyzer.spill`), and a service can span thousands."""
+    if not service.gpus:
         return [], []
-    times = np.unique(np.concatenate([starts for starts, _ in columns]))
+    times = np.empty(0)
+    for gpu in service.gpus:
+        times = np.union1d(times, column(data.buckets.get(gpu.uuid, ()), "start"))
     total = np.zeros(len(times))
     seen = np.zeros(len(times), dtype=np.bool_)
-    for starts, share in columns:
+    for gpu in service.gpus:
+        buckets = data.buckets.get(gpu.uuid, ())
+        share = busy_column(buckets)
         reported = ~np.isnan(share)
-        at = np.searchsorted(times, starts[reported])
+        at = np.searchsorted(times, column(buckets, "start")[reported])
         total[at] += share[reported]
         seen[at] = True
     return times[seen].tolist(), (total[seen] / target_util).tolist()

@@ -25,7 +25,7 @@ from importlib import resources
 from typing import Any
 
 from analyzer.classify import class_at
-from analyzer.context import Finding
+from analyzer.context import Finding, Floats
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, register
 
 SCALE_OUT_CAUSES = ("communication", "network")
@@ -189,10 +189,12 @@ def room_for(inputs: Inputs, job: _Job, idle_ratio: float) -> dict[str, int]:
     return room
 
 
-def _held_at(inputs: Inputs, names: set[str]) -> dict[str, dict[str, list[float]]]:
+def _held_at(inputs: Inputs, names: set[str]) -> dict[str, dict[str, Floats]]:
     """For each of the jobs ``names``, the starts of the buckets it held on each GPU (GPUs in
-    the tenancy's order): one walk over the tenancy for all jobs, not one per job."""
-    out: dict[str, dict[str, list[float]]] = {}
+    the tenancy's order): one walk over the tenancy for all jobs, not one per job. Arrays, not
+    lists of floats (a float in a list took 32 bytes, here 8, for every bucket of every starved
+    job's GPU)."""
+    out: dict[str, dict[str, Floats]] = {}
     for uuid, tbs in inputs.data.tenancy.items():
         present = tbs.first_seen()  # as first met, as one walk would meet them
         if names.isdisjoint(present):  # most GPUs: none of the jobs
@@ -200,8 +202,7 @@ def _held_at(inputs: Inputs, names: set[str]) -> dict[str, dict[str, list[float]
         code = {name: i for i, name in enumerate(tbs.names)}
         for name in present:
             if name in names:
-                mine = tbs.starts[tbs.codes == code[name]].tolist()
-                out.setdefault(name, {})[uuid] = mine
+                out.setdefault(name, {})[uuid] = tbs.starts[tbs.codes == code[name]]
     return out
 
 
@@ -222,7 +223,7 @@ def _jobs(inputs: Inputs) -> list[_Job]:
             node = nodes.get(uuid)
             if node is not None:
                 gpus.setdefault(node, set()).add(uuid)
-                starts.update(mine)
+                starts.update(mine.tolist())
                 held += len(mine) * hours
         for f in findings:
             gpus.setdefault(f.node, set()).add(f.uuid)

@@ -167,20 +167,20 @@ def _burst_sentence(reserved: bool, burst: bool, minutes: float) -> str:
 
 def _busy_gpus(inputs: Inputs) -> dict[float, float]:
     """The inference GPUs' utilization summed per bucket start (not reported: 0), GPU after GPU
-    as a per-bucket loop adds them."""
-    columns = [
-        (column(buckets, "start"), np.nan_to_num(column(buckets, "util")))
-        for v in inputs.verdicts
-        if v.gpu_class == "inference"
-        for buckets in [inputs.data.buckets.get(v.info.uuid, ())]
-    ]
-    if not columns:
+    as a per-bucket loop adds them. Two walks over the GPUs, the starts first: holding every
+    GPU's columns held its whole run on an engine's driver (:mod:`analyzer.spill`)."""
+    serving = [v.info.uuid for v in inputs.verdicts if v.gpu_class == "inference"]
+    if not serving:
         return {}
-    times = np.unique(np.concatenate([starts for starts, _ in columns]))
+    buckets = inputs.data.buckets
+    times = np.empty(0)
+    for uuid in serving:
+        times = np.union1d(times, column(buckets.get(uuid, ()), "start"))
     total = np.zeros(len(times))
     seen = np.zeros(len(times), dtype=np.bool_)
-    for starts, util in columns:
-        at = np.searchsorted(times, starts)
-        total[at] += util
+    for uuid in serving:
+        mine = buckets.get(uuid, ())
+        at = np.searchsorted(times, column(mine, "start"))
+        total[at] += np.nan_to_num(column(mine, "util"))
         seen[at] = True
     return dict(zip(times[seen].tolist(), total[seen].tolist(), strict=True))

@@ -255,22 +255,42 @@ def _with_running(rec: Recommendation, running: int, pools: dict[str, int]) -> R
 
 
 def _classes_over_time(inputs: Inputs) -> dict[float, Counter[str]]:
-    """GPUs by class at each bucket start, counted over every GPU's columns at once."""
-    starts: list[Floats] = []
-    codes: list[Ints] = []
+    """GPUs by class at each bucket start, counted GPU by GPU into a grid of the window's
+    buckets (a GPU's starts are whole buckets of it); the few starts off that grid are counted
+    apart. Every GPU's columns gathered at once held every GPU's run on an engine's driver
+    (:mod:`analyzer.spill`)."""
+    data = inputs.data
+    step = float(data.bucket_seconds)
+    slots = max(int((data.window_end - data.window_start) // step) + 1, 0)
+    counts = np.zeros((slots, len(CLASS_CODES)), dtype=np.int64)
+    times = np.full(slots, np.nan)
+    off_starts: list[Floats] = []
+    off_codes: list[Ints] = []
     for v in inputs.verdicts:
-        mine = column(inputs.data.buckets.get(v.info.uuid, ()), "start")
-        starts.append(mine)
-        codes.append(class_codes(v, mine))
-    if not starts:
-        return {}
-    times, at = np.unique(np.concatenate(starts), return_inverse=True)
-    counts = np.zeros((len(times), len(CLASS_CODES)), dtype=np.int64)
-    np.add.at(counts, (at.ravel(), np.concatenate(codes)), 1)
-    return {
-        t: Counter({CLASS_CODES[c]: int(row[c]) for c in np.flatnonzero(row).tolist()})
-        for t, row in zip(times.tolist(), counts, strict=True)
+        starts = column(data.buckets.get(v.info.uuid, ()), "start")
+        codes = class_codes(v, starts)
+        slot = (starts - data.window_start) / step
+        on = (slot == np.floor(slot)) & (slot >= 0) & (slot < slots)
+        at = slot[on].astype(np.int64)
+        np.add.at(counts, (at, codes[on]), 1)
+        times[at] = starts[on]
+        if not on.all():
+            off_starts.append(starts[~on].copy())
+            off_codes.append(codes[~on])
+    out = {  # NaN: no GPU has that bucket
+        t: _counted(row) for t, row in zip(times.tolist(), counts, strict=True) if not math.isnan(t)
     }
+    if off_starts:
+        extra, at_extra = np.unique(np.concatenate(off_starts), return_inverse=True)
+        more = np.zeros((len(extra), len(CLASS_CODES)), dtype=np.int64)
+        np.add.at(more, (at_extra.ravel(), np.concatenate(off_codes)), 1)
+        out.update(zip(extra.tolist(), map(_counted, more), strict=True))
+    return dict(sorted(out.items()))
+
+
+def _counted(row: Ints) -> Counter[str]:
+    """A grid row of counts by class code, as the classes present."""
+    return Counter({CLASS_CODES[c]: int(row[c]) for c in np.flatnonzero(row).tolist()})
 
 
 def _inference_demand(inputs: Inputs) -> dict[float, float]:
