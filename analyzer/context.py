@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from analyzer import spill
 from analyzer.classify import CLASSES, GpuVerdict, class_at
 from analyzer.load import (
     NO_TENANCY,
@@ -32,7 +33,7 @@ from analyzer.load import (
 from analyzer.reference import PowerRef, computed, held, references
 from analyzer.reference import column as _column  # the one reading of a field as floats
 from analyzer.runs import Run
-from analyzer.spill import CACHED, Spilled
+from analyzer.spill import Spilled
 from analyzer.thresholds import Thresholds
 
 GIB = float(1 << 30)
@@ -392,7 +393,7 @@ class Views(Mapping[str, GpuView]):
             return recent[uuid]
         view = _view(self._data, self._gpus[uuid], self._verdicts, self._refs)
         recent[uuid] = view
-        if len(recent) > CACHED:
+        if len(recent) > spill.CACHED:
             recent.popitem(last=False)
         return view
 

@@ -43,6 +43,7 @@ BUCKET_SECONDS = 300
 T = TypeVar("T", bound=tuple[Any, ...])
 R = TypeVar("R", bound=Run[Any])
 M = TypeVar("M")
+KK = TypeVar("KK", str, tuple[str, str])
 
 # The columns this module's SQL reads, checked against the schema when it is imported.
 sf.require_columns(
@@ -233,12 +234,14 @@ class FleetData:
     buckets: Mapping[str, BucketRun]
     hints: dict[str, tuple[str, ...]]  # uuid -> command names and lines seen on it
     sample_interval_seconds: float | None
-    hosts: dict[str, HostRun] = field(default_factory=dict)  # node -> buckets, as columns
+    #: node -> its host buckets, as columns (spilled as ``buckets`` is)
+    hosts: Mapping[str, HostRun] = field(default_factory=dict)
     tenants: dict[str, Tenant] = field(default_factory=dict)  # name -> identity
     #: uuid -> its tenants' buckets in time order, as columns (records become one); spilled
     #: as ``buckets`` is
     tenancy: Mapping[str, TenantRun] = field(default_factory=dict)
-    cgroups: dict[tuple[str, str], CgroupRun] = field(default_factory=dict)  # (node, cgroup)
+    #: (node, cgroup) -> its buckets, as columns (spilled as ``buckets`` is)
+    cgroups: Mapping[tuple[str, str], CgroupRun] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)  # agent events by kind (xid, ...)
     #: GPU samples dated after now + a day (a wrong clock), left out of the window.
     ignored_future_samples: int = 0
@@ -891,12 +894,15 @@ def _read_nodes(
 
 
 def spilled(data: FleetData, spill: Spill) -> FleetData:
-    """``data`` with its GPUs' buckets and tenants written to ``spill`` and read back from it
-    when asked (:mod:`analyzer.spill`): what the driver keeps of a batch Map B hands back."""
+    """``data`` with its GPUs', hosts' and cgroups' buckets and its tenants written to
+    ``spill`` and read back from it when asked (:mod:`analyzer.spill`): what the driver keeps
+    of a batch Map B hands back."""
     return dataclasses.replace(
         data,
         buckets=Spilled.write(spill, "buckets", data.buckets),
         tenancy=Spilled.write(spill, "tenancy", data.tenancy),
+        hosts=Spilled.write(spill, "hosts", data.hosts),
+        cgroups=Spilled.write(spill, "cgroups", data.cgroups),
     )
 
 
@@ -919,10 +925,10 @@ def merge(plan: WindowPlan, parts: Sequence[FleetData]) -> FleetData:
         buckets=_joined([part.buckets for part in parts]),
         hints={u: h for part in parts for u, h in part.hints.items()},
         sample_interval_seconds=plan.sample_interval_seconds,
-        hosts={n: h for part in parts for n, h in part.hosts.items()},
+        hosts=_joined([part.hosts for part in parts]),
         tenants=_first_tenants(parts, tenancy),
         tenancy=tenancy,
-        cgroups={k: c for part in parts for k, c in part.cgroups.items()},
+        cgroups=_joined([part.cgroups for part in parts]),
         events={k: events[k] for k in sorted(events)},
         ignored_future_samples=plan.ignored_future_samples,
         declarations=_declarations(parts, tenancy),
@@ -930,8 +936,8 @@ def merge(plan: WindowPlan, parts: Sequence[FleetData]) -> FleetData:
     )
 
 
-def _joined(parts: Sequence[Mapping[str, M]], sort: bool = False) -> Mapping[str, M]:
-    """The parts' mappings by uuid as one, in their order (``sort``: by uuid): one
+def _joined(parts: Sequence[Mapping[KK, M]], sort: bool = False) -> Mapping[KK, M]:
+    """The parts' mappings as one, in their order (``sort``: by key): one
     :class:`~analyzer.spill.Spilled` over the same spill where every part was spilled."""
     if parts and all(isinstance(p, Spilled) for p in parts):
         spilled_parts = [p for p in parts if isinstance(p, Spilled)]

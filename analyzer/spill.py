@@ -123,16 +123,18 @@ class Spilled(Mapping[K, V], Generic[K, V]):
     :data:`CACHED` values read are kept. It pickles as a plain ``dict`` of its values (it is
     the driver's: a mapping sent to another process takes its values along)."""
 
-    def __init__(self, spill: Spill, name: str, keys: Iterable[K], cached: int = CACHED) -> None:
+    def __init__(
+        self, spill: Spill, name: str, keys: Iterable[K], cached: int | None = None
+    ) -> None:
         self._spill = spill
         self._name = name
         self._keys: dict[K, None] = dict.fromkeys(keys)
-        self._cached = max(cached, 1)
+        self._cached = max(CACHED if cached is None else cached, 1)
         self._recent: collections.OrderedDict[K, V] = collections.OrderedDict()
 
     @classmethod
     def write(
-        cls, spill: Spill, name: str, values: Mapping[K, V], cached: int = CACHED
+        cls, spill: Spill, name: str, values: Mapping[K, V], cached: int | None = None
     ) -> Spilled[K, V]:
         """``values`` put in ``spill`` under ``name``, as a mapping over their keys in their
         order."""

@@ -66,7 +66,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, overload
 
 from analyzer import declared, idle_held, neighbors, silent, starved
 from analyzer.classify import BatchSpans, GpuVerdict, classify, finish, map_spans
@@ -262,9 +262,35 @@ def spans_batch(item: tuple[tuple[str, ...], int], shared: SpansShared) -> Class
     return Classified(data, spans, read=kept is None)
 
 
-def _put_away(spill: Spill, classified: Classified) -> Classified:
-    """Map B's result as the driver keeps it: the batch's runs in ``spill``."""
-    return dataclasses.replace(classified, data=spilled(classified.data, spill))
+def _put_away(spill: Spill, classified: Classified) -> tuple[Classified, str]:
+    """Map B's result as the driver keeps it: the batch's runs in ``spill``, and its held
+    spans (their series: 32 KiB a GPU's week) there under the key returned."""
+    key = uuid.uuid4().hex
+    spill.put(("held", key), classified.spans.candidates)
+    spans = dataclasses.replace(classified.spans, candidates=())
+    return dataclasses.replace(classified, data=spilled(classified.data, spill), spans=spans), key
+
+
+class _HeldSpans(Sequence[BatchSpans]):
+    """Each batch's held spans for Shuffle C, read back from the driver's spill as the engine
+    sends them to its mappers (:func:`_put_away`)."""
+
+    def __init__(self, spill: Spill, keys: list[str]) -> None:
+        self._spill, self._keys = spill, keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @overload
+    def __getitem__(self, i: int) -> BatchSpans: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[BatchSpans]: ...
+
+    def __getitem__(self, i: int | slice) -> BatchSpans | Sequence[BatchSpans]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(len(self))[i]]
+        return BatchSpans({}, {}, self._spill.get(("held", self._keys[i])))
 
 
 def _keep(key: tuple[str, tuple[str, ...]], value: FleetData | _Seen, limit: int | None) -> None:
@@ -424,13 +450,17 @@ def load_and_classify_staged(
     items = list(zip(runs, offsets, strict=False))  # accumulate gives one more: the total
     shared = engine.broadcast(SpansShared(plan, th, idle, run, keep))
     progress(0.3, f"classifying the spans of {sum(x.gpus for x in counted):,} GPUs")
-    # Each batch's runs go to disk as it comes back, so the driver never holds the fleet's
-    # (:mod:`analyzer.spill`): the steps after this read them back a GPU at a time.
-    classified = engine.map_each(spans_batch, items, shared, functools.partial(_put_away, Spill()))
+    # Each batch's runs and held spans go to disk as it comes back, so the driver never holds
+    # the fleet's (:mod:`analyzer.spill`): the steps after this read them back when they need
+    # them (a GPU at a time; a batch's spans when the shuffle sends them).
+    spill = Spill()
+    kept = engine.map_each(spans_batch, items, shared, functools.partial(_put_away, spill))
+    classified = [x for x, _ in kept]
     data = merge(plan, [x.data for x in classified])
     spans = [x.spans for x in classified]
+    held = _HeldSpans(spill, [key for _, key in kept])
     progress(0.55, "joining spans in lockstep")
-    edges = engine.shuffle_reduce(lockstep_map, spans, lockstep_reduce, engine.broadcast(th))
+    edges = engine.shuffle_reduce(lockstep_map, held, lockstep_reduce, engine.broadcast(th))
     found = [edges[window] for window in sorted(edges)]
     progress(0.6, "deciding each GPU's class")
     staged = Staged(
@@ -488,7 +518,8 @@ class Spotted:
     """Map E's result for one batch: each detector's findings there (the noisy neighbours'
     co-tenants and host CPU apart, as the fleet run orders them), starved's part, the solo
     keys it lacked (then nothing else is final), and whether the task read its batch from the
-    inputs (its process had not kept it)."""
+    inputs (its process had not kept it). ``idle_held`` and ``noisy`` explain only the GPUs of
+    the jobs on several batches, the ones the driver decides (:func:`_explaining`)."""
 
     idle_held: Detected
     cotenants: tuple[Finding, ...]
@@ -546,9 +577,25 @@ def detect_batch(item: DetectItem, shared: DetectShared) -> Spotted:
         _keep((_levelling(shared.run), item.batch), seen, shared.keep)
     ctx = seen.ctx
     mismatched = declared.counted(ctx, declared.by_gpu(ctx.data), shared.declared_gpus)
+    # The driver reads the intervals explained only for the jobs it decides (those on several
+    # batches): every idle-held bucket of the fleet as (uuid, start) pairs was 0.1 GiB per
+    # 4,096 GPUs there.
+    wanted = frozenset(uuid for uuids in part.crossing.values() for uuid in uuids)
     return Spotted(
-        seen.idle, seen.cotenants, seen.host_cpu, seen.noisy, part, mismatched, read=seen.read
+        _explaining(seen.idle, wanted),
+        seen.cotenants,
+        seen.host_cpu,
+        _explaining(seen.noisy, wanted),
+        part,
+        mismatched,
+        read=seen.read,
     )
+
+
+def _explaining(found: Detected, uuids: frozenset[str]) -> Detected:
+    """``found`` with only the explained intervals of ``uuids``' GPUs."""
+    explained = frozenset(x for x in found.explained if x[0] in uuids)
+    return dataclasses.replace(found, explained=explained)
 
 
 def _see(item: DetectItem, shared: DetectShared) -> _Seen:

@@ -36,6 +36,7 @@ import datetime as dt
 import functools
 import statistics
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -68,10 +69,18 @@ _FED_CODES = [CLASS_CODES.index(str(c)) for c in CLASSES]
 
 @dataclass(frozen=True)
 class _Member:
-    """A GPU of a job, and which of its buckets the job held (positions in ``view.buckets``)."""
+    """A GPU of a job, and which of its buckets the job held (positions in ``view.buckets``).
+    It names its GPU in the context's views rather than holding the view: on an engine's
+    driver the views are built on demand (:class:`analyzer.context.Views`), and a job across
+    batches held every one of its GPUs' runs."""
 
-    view: GpuView
+    views: Mapping[str, GpuView]
+    uuid: str
     index: Ints
+
+    @property
+    def view(self) -> GpuView:
+        return self.views[self.uuid]
 
     def col(self, name: str) -> Floats:
         return self.view.col(name)[self.index]
@@ -260,7 +269,7 @@ def jobs_on(ctx: Context, members: dict[str, tuple[str, ...]]) -> list[_Job]:
     views of those GPUs grouped as :func:`_jobs` groups the fleet's, so each is the job
     :func:`evaluate` would see."""
     uuids = sorted({u for found in members.values() for u in found})
-    return [j for j in _jobs(ctx, [ctx.views[u] for u in uuids]) if j.name in members]
+    return [j for j in _jobs(ctx, uuids) if j.name in members]
 
 
 def own_levels(ctx: Context, jobs: list[_Job]) -> dict[str, float | None]:
@@ -338,13 +347,13 @@ def _cycle_minutes(m: _Member) -> float | None:
 # -- jobs and references --------------------------------------------------------------------------
 
 
-def _jobs(ctx: Context, views: list[GpuView] | None = None) -> list[_Job]:
+def _jobs(ctx: Context, uuids: list[str] | None = None) -> list[_Job]:
     """Held training and batch intervals, grouped by the tenant that held them (a Slurm job, a
-    pod...), else per GPU; over ``views`` (default: the context's)."""
+    pod...), else per GPU; over the GPUs ``uuids`` (default: the context's), by uuid, each
+    view asked for in turn (on an engine's driver, views are built on demand)."""
     groups: dict[str, dict[str, Ints]] = {}
-    chosen = list(ctx.views.values()) if views is None else views
-    for view in sorted(chosen, key=lambda v: v.info.uuid):
-        uuid = view.info.uuid
+    for uuid in sorted(ctx.views if uuids is None else uuids):
+        view = ctx.views[uuid]
         keep = np.flatnonzero(view.held_mask(ctx.thresholds) & (view.class_codes != IDLE_CODE))
         codes = view.main_codes[keep]
         for code in np.unique(codes).tolist():
@@ -354,7 +363,7 @@ def _jobs(ctx: Context, views: list[GpuView] | None = None) -> list[_Job]:
             mine[uuid] = np.sort(np.concatenate((mine[uuid], held))) if uuid in mine else held
     jobs = []
     for name, by_gpu in sorted(groups.items()):
-        members = [_Member(ctx.views[u], ix) for u, ix in sorted(by_gpu.items())]
+        members = [_Member(ctx.views, u, ix) for u, ix in sorted(by_gpu.items())]
         nodes = len({m.view.info.node for m in members})
         jobs.append(_Job(name, members, nodes=nodes))
     return jobs
