@@ -45,9 +45,11 @@ import concurrent.futures
 import functools
 import multiprocessing
 import os
+import pickle
 import shutil
 import tempfile
 import traceback
+import uuid
 import weakref
 import zlib
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -212,16 +214,60 @@ def _call(fn: Callable[[T, S], R], item: T, shared: S) -> R:
     return run_stage("pool", fn, functools.partial(fn, item, shared))
 
 
-def _pairs(fn: Callable[[T, S], Iterable[tuple[K, V]]], item: T, shared: S) -> list[tuple[K, V]]:
-    return run_stage("pool", fn, lambda: list(fn(item, shared)))  # the pairs, made here
+#: A mapper's pairs for one reducer, as the pool's workers hand them over: the file they were
+#: written to in the pool's folder, or the pairs themselves where the file could not be written.
+Handed = str | list[tuple[Any, Any]]
 
 
-def _reduce_many(
-    reduce: Callable[[K, list[V], S], R], groups: list[tuple[K, list[V]]], shared: S
+def _pairs_to_files(
+    fn: Callable[[T, S], Iterable[tuple[K, V]]], item: T, shared: S, partitions: int, folder: str
+) -> tuple[list[K], list[Handed | None]]:
+    """A mapper in a pool worker: its pairs split by reducer and written to files of the pool's
+    folder (the reducers read them there), and its keys in the order it gave them. The driver
+    then holds keys only: it relayed every mapper's pairs, all of Shuffle C's held spans at
+    once (their series: 0.2 GiB per 4,096 GPUs)."""
+    pairs = run_stage("pool", fn, lambda: list(fn(item, shared)))
+    parts: list[list[tuple[K, V]]] = [[] for _ in range(partitions)]
+    for key, value in pairs:
+        parts[stable_partition(key, partitions)].append((key, value))
+    handed: list[Handed | None] = []
+    for part in parts:
+        handed.append(_written(part, folder) if part else None)
+    return list(dict.fromkeys(key for key, _ in pairs)), handed
+
+
+def _written(pairs: list[tuple[Any, Any]], folder: str) -> Handed:
+    """``pairs`` in a new file of ``folder`` (its path), or themselves when it cannot be
+    written (the disk full: they then travel through the driver, as before)."""
+    path = Path(folder) / f"shuffle-{os.getpid()}-{uuid.uuid4().hex}.pickle"
+    try:
+        with path.open("wb") as out:
+            pickle.dump(pairs, out, protocol=pickle.HIGHEST_PROTOCOL)
+    except OSError:
+        path.unlink(missing_ok=True)
+        return pairs
+    return str(path)
+
+
+def _reduce_files(
+    reduce: Callable[[K, list[V], S], R], handed: list[Handed], shared: S
 ) -> list[tuple[K, R]]:
+    """A reducer in a pool worker: the mappers' pairs for it, in the items' order (files read
+    and removed), grouped by key as :func:`_group` groups them, each key reduced."""
+    groups: dict[K, list[V]] = {}
+    for part in handed:
+        if isinstance(part, str):
+            path = Path(part)
+            with path.open("rb") as kept:
+                pairs = pickle.load(kept)
+            path.unlink(missing_ok=True)
+        else:
+            pairs = part
+        for key, value in pairs:
+            groups.setdefault(key, []).append(value)
     return [
         (key, run_stage("pool", reduce, functools.partial(reduce, key, values, shared)))
-        for key, values in groups
+        for key, values in groups.items()
     ]
 
 
@@ -330,22 +376,23 @@ class PoolEngine:
         reduce: Callable[[K, list[V], S], R],
         shared: Shared[S],
     ) -> dict[K, R]:
-        mapped = [self._submit(i, _pairs, fn, item, shared.handle) for i, item in enumerate(items)]
-        outputs: list[list[tuple[K, V]]] = [self._result(f) for f in mapped]
-        grouped = _group(outputs)
-        partitions: list[list[tuple[K, list[V]]]] = [[] for _ in range(self._workers)]
-        for key, values in grouped.items():
-            partitions[stable_partition(key, self._workers)].append((key, values))
-        reduced = [
-            self._submit(i, _reduce_many, reduce, part, shared.handle)
-            for i, part in enumerate(partitions)
-            if part
+        n = self._workers
+        mapped = [
+            self._submit(i, _pairs_to_files, fn, item, shared.handle, n, self._spill)
+            for i, item in enumerate(items)
         ]
+        written: list[tuple[list[K], list[Handed | None]]] = [self._result(f) for f in mapped]
+        order = dict.fromkeys(key for keys, _ in written for key in keys)
+        reduced = []
+        for p in range(n):
+            handed = [part for _, parts in written if (part := parts[p]) is not None]
+            if handed:
+                reduced.append(self._submit(p, _reduce_files, reduce, handed, shared.handle))
         out: dict[K, R] = {}
         for f in reduced:
             rows: list[tuple[K, R]] = self._result(f)
             out.update(rows)
-        return {key: out[key] for key in grouped}  # the serial engine's key order
+        return {key: out[key] for key in order}  # the serial engine's key order
 
     def close(self) -> None:
         """Stop the workers and remove their folder; again, it does nothing."""

@@ -1,4 +1,5 @@
-"""What several tests compare against: documents equal up to float summation order, and the
+"""What several tests compare against: documents equal up to float summation order, Map E's
+results against the fleet run's, and the
 plain-Python Pearson's r the classifier and the lockstep reducer replaced."""
 
 from __future__ import annotations
@@ -36,3 +37,24 @@ def old_pearson(xs: list[float], ys: list[float]) -> float:
     if vx <= 1e-12 or vy <= 1e-12:
         return 0.0
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / math.sqrt(vx * vy)
+
+
+def same_results(got: Any, expected: Any, ctx: Any, staged: Any, some: bool = True) -> None:
+    """Map E's :class:`~analyzer.findings.Results` against the fleet run's: the same findings,
+    waiting and measurements, and the explained intervals of the GPUs of jobs on several
+    batches (:func:`analyzer.stages._explaining`), which must be some where ``some``."""
+    from analyzer import starved
+    from analyzer.stages import _crossing
+
+    crossing = _crossing(staged.tenants)
+    members = {m.uuid for j in starved._jobs(ctx) if j.name in crossing for m in j.members}
+    assert members or not some, "GPUs of a job across batches"
+    assert got.findings == expected.findings and got.waiting == expected.waiting
+    assert list(got.by_detector) == list(expected.by_detector)
+    explained = 0
+    for name, mine in got.by_detector.items():
+        theirs = expected.by_detector[name]
+        assert mine.findings == theirs.findings and mine.measurements == theirs.measurements
+        assert mine.explained == {x for x in theirs.explained if x[0] in members}, name
+        explained += len(mine.explained)
+    assert explained or not some, "intervals explained on those GPUs"

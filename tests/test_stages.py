@@ -24,7 +24,7 @@ from analyzer.lockstep import Lockstep, LockstepCandidate, merge_found, window_k
 from analyzer.reference import IDLE_BINS_PER_WATT, fleet_idle, idle_histogram
 from analyzer.stages import batches, lockstep_map, lockstep_reduce
 from analyzer.thresholds import Thresholds
-from tests.oracles import old_pearson, same_document
+from tests.oracles import old_pearson, same_document, same_results
 
 #: Half a day of each built-in scenario at the demo's 5-minute cadence (test_one_truth's shape,
 #: shorter: the comparison needs the shapes, not the days).
@@ -479,7 +479,9 @@ def test_the_detectors_per_batch_give_the_fleet_runs_results(
 ) -> None:
     """Map E in batches of one node: the driver's merge of the partial results is the
     :class:`~analyzer.findings.Results` that :func:`analyzer.findings.run` gives over the
-    fleet's context, findings, waiting and each detector's explained intervals alike."""
+    fleet's context: findings and waiting alike, and each detector's explained intervals on
+    the GPUs of the jobs across batches (the only ones the driver reads, so the only ones Map E
+    sends it)."""
     from analyzer import declared, starved
     from analyzer.context import context
     from analyzer.findings import run
@@ -504,7 +506,7 @@ def test_the_detectors_per_batch_give_the_fleet_runs_results(
     jobs = starved._jobs(ctx)  # the fleet run's
     owns = starved.own_levels(ctx, jobs)
     assert any(starved.needs_levels(ctx, j, owns[j.name]) for j in jobs), "on the fleet's levels"
-    assert detect(staged, context(data, verdicts, th)) == expected
+    same_results(detect(staged, context(data, verdicts, th)), expected, ctx, staged)
     if engine == "serial":  # one process, which keeps every batch: each is read once in all
         assert staged.reads == Counter(staged.batches)
 
@@ -526,6 +528,7 @@ def test_a_pool_worker_reads_each_of_its_batches_once(every_kind: Path, pool: Po
     )
     assert staged is not None and len(staged.batches) == KEPT_BATCHES * pool.workers
     verdicts = declared.combine(data, observed)
-    assert detect(staged, context(data, verdicts, th)) == run(context(data, verdicts, th))
+    ctx = context(data, verdicts, th)
+    same_results(detect(staged, ctx), run(context(data, verdicts, th)), ctx, staged)
     assert staged.rounds == [4, 1, 2]  # a batch lacked solo rows; two held jobs for levels
     assert staged.reads == Counter(staged.batches)
