@@ -1,6 +1,6 @@
 """What several tests compare against: documents equal up to float summation order, Map E's
-results against the fleet run's, and the
-plain-Python Pearson's r the classifier and the lockstep reducer replaced."""
+results against the fleet run's, and the plain-Python Pearson's r the classifier and the
+lockstep reducer replaced."""
 
 from __future__ import annotations
 
