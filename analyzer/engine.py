@@ -377,22 +377,66 @@ class PoolEngine:
         shared: Shared[S],
     ) -> dict[K, R]:
         n = self._workers
-        mapped = [
-            self._submit(i, _pairs_to_files, fn, item, shared.handle, n, self._spill)
-            for i, item in enumerate(items)
-        ]
-        written: list[tuple[list[K], list[Handed | None]]] = [self._result(f) for f in mapped]
-        order = dict.fromkeys(key for keys, _ in written for key in keys)
-        reduced = []
-        for p in range(n):
-            handed = [part for _, parts in written if (part := parts[p]) is not None]
-            if handed:
-                reduced.append(self._submit(p, _reduce_files, reduce, handed, shared.handle))
-        out: dict[K, R] = {}
-        for f in reduced:
-            rows: list[tuple[K, R]] = self._result(f)
-            out.update(rows)
-        return {key: out[key] for key in order}  # the serial engine's key order
+        folder = tempfile.mkdtemp(prefix="shuffle-", dir=self._spill)  # this shuffle's files
+        submitted: list[concurrent.futures.Future[Any]] = []
+        try:
+            written = self._mapped(fn, items, shared, folder, submitted)
+            order = dict.fromkeys(key for keys, _ in written for key in keys)
+            reduced = []
+            for p in range(n):
+                handed = [part for _, parts in written if (part := parts[p]) is not None]
+                if handed:
+                    future = self._submit(p, _reduce_files, reduce, handed, shared.handle)
+                    submitted.append(future)
+                    reduced.append(future)
+            out: dict[K, R] = {}
+            for f in reduced:
+                rows: list[tuple[K, R]] = self._result(f)
+                out.update(rows)
+            return {key: out[key] for key in order}  # the serial engine's key order
+        finally:
+            # A failed mapper or reducer leaves the others' files: wait for every task that
+            # may still write one, then remove the shuffle's folder whatever happened.
+            for future in submitted:
+                future.cancel()
+            concurrent.futures.wait(submitted)
+            shutil.rmtree(folder, ignore_errors=True)
+
+    #: Mappers in flight per worker in :meth:`shuffle_reduce`: an executor holds a task's
+    #: arguments until it ends, so submitting every mapper at once held every batch's held
+    #: spans on the driver (:class:`analyzer.stages._HeldSpans` reads them back as asked).
+    IN_FLIGHT = 2
+
+    def _mapped(
+        self,
+        fn: Callable[[T, S], Iterable[tuple[K, V]]],
+        items: Sequence[T],
+        shared: Shared[S],
+        folder: str,
+        submitted: list[concurrent.futures.Future[Any]],
+    ) -> list[tuple[list[K], list[Handed | None]]]:
+        """Shuffle C's mappers, item ``i`` on worker ``i mod workers``, at most
+        :data:`IN_FLIGHT` per worker at a time; their outputs in the items' order."""
+        n = self._workers
+        out: dict[int, tuple[list[K], list[Handed | None]]] = {}
+        where: dict[concurrent.futures.Future[Any], int] = {}
+        pending: set[concurrent.futures.Future[Any]] = set()
+        next_item = 0
+        while next_item < len(items) or pending:
+            while next_item < len(items) and len(pending) < self.IN_FLIGHT * n:
+                item = items[next_item]
+                future = self._submit(
+                    next_item, _pairs_to_files, fn, item, shared.handle, n, folder
+                )
+                submitted.append(future)
+                where[future] = next_item
+                pending.add(future)
+                next_item += 1
+                del item  # the executor holds it until the task ends; not this loop
+            done, pending = concurrent.futures.wait(pending, return_when="FIRST_COMPLETED")
+            for future in done:
+                out[where.pop(future)] = self._result(future)
+        return [out[i] for i in range(len(items))]
 
     def close(self) -> None:
         """Stop the workers and remove their folder; again, it does nothing."""

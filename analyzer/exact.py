@@ -7,6 +7,9 @@ exponent the mantissas are integers, summed exactly in int64 once cut into a hig
 part (each sum stays below 2**63 for up to 2**36 values); the parts then meet as one Python
 integer over the smallest power of two a float can have. :attr:`ExactSum.value` rounds that
 integer once, to the nearest float (ties to even), as :func:`math.fsum` rounds its exact sum.
+Where fsum gives up, it does not: a sum whose partial sums overflow but whose total is a float
+(``[1e308, 1e308, -1e308]``) is that float, and ``inf`` with ``-inf`` is NaN, where fsum raises;
+a total past the largest float raises :class:`OverflowError` in both.
 """
 
 from __future__ import annotations

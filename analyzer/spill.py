@@ -54,6 +54,7 @@ class Spill:
         #: Values that could not be written, by key (:meth:`put`).
         self._kept: dict[Hashable, Any] = {}
         self._failed = False
+        self._writes = 0
 
     @property
     def size_bytes(self) -> int:
@@ -91,6 +92,12 @@ class Spill:
     def __contains__(self, key: object) -> bool:
         return key in self._where or key in self._kept
 
+    def new_write(self) -> int:
+        """A number for one :meth:`Spilled.write`, new in this spill: two writes of the same
+        keys (a GPU in two batches' data) stay apart."""
+        self._writes += 1
+        return self._writes
+
     def close(self) -> None:
         """Let the file go (the system frees its space); the values are gone."""
         if self._file is not None:
@@ -118,17 +125,15 @@ class Spill:
 
 
 class Spilled(Mapping[K, V], Generic[K, V]):
-    """Some of a :class:`Spill`'s keys under one ``name`` (a spill holds several mappings
-    keyed alike: buckets and tenants by GPU), in order, as a read-only mapping; the last
-    :data:`CACHED` values read are kept. It pickles as a plain ``dict`` of its values (it is
-    the driver's: a mapping sent to another process takes its values along)."""
+    """Some of a :class:`Spill`'s values as a read-only mapping, in order; the last
+    :data:`CACHED` values read are kept. Each key stands for the spill's key its value was
+    written under (:meth:`write`): a spill holds several mappings keyed alike (buckets and
+    tenants by GPU, each batch's). It pickles as a plain ``dict`` of its values (it is the
+    driver's: a mapping sent to another process takes its values along)."""
 
-    def __init__(
-        self, spill: Spill, name: str, keys: Iterable[K], cached: int | None = None
-    ) -> None:
+    def __init__(self, spill: Spill, keys: Mapping[K, Hashable], cached: int | None = None) -> None:
         self._spill = spill
-        self._name = name
-        self._keys: dict[K, None] = dict.fromkeys(keys)
+        self._keys: dict[K, Hashable] = dict(keys)  # key -> the spill's key for its value
         self._cached = max(CACHED if cached is None else cached, 1)
         self._recent: collections.OrderedDict[K, V] = collections.OrderedDict()
 
@@ -136,33 +141,36 @@ class Spilled(Mapping[K, V], Generic[K, V]):
     def write(
         cls, spill: Spill, name: str, values: Mapping[K, V], cached: int | None = None
     ) -> Spilled[K, V]:
-        """``values`` put in ``spill`` under ``name``, as a mapping over their keys in their
-        order."""
+        """``values`` put in ``spill`` (under ``name`` and a number of this write's own), as a
+        mapping over their keys in their order."""
+        write = spill.new_write()
+        keys: dict[K, Hashable] = {}
         for key, value in values.items():
-            spill.put((name, key), value)
-        return cls(spill, name, values, cached)
+            keys[key] = (name, write, key)
+            spill.put(keys[key], value)
+        return cls(spill, keys, cached)
 
     @classmethod
     def join(
         cls, parts: Iterable[Spilled[K, V]], order: Iterable[K] | None = None
     ) -> Spilled[K, V]:
-        """One mapping over the parts' keys (of one spill and name), in the parts' order or
-        ``order``'s (which must hold every key once)."""
+        """One mapping over the parts' keys (of one spill), as a ``dict`` merges them: in the
+        parts' order (or ``order``'s, which must hold every key once), a key in several parts
+        standing for its value in the last of them, whatever order they were written in."""
         found = list(parts)
-        if len({(id(p._spill), p._name) for p in found}) > 1:
-            raise ValueError("Spilled.join: parts of different spills or names")
-        keys: dict[K, None] = {}
+        if len({id(p._spill) for p in found}) > 1:
+            raise ValueError("Spilled.join: parts of different spills")
+        keys: dict[K, Hashable] = {}
         for part in found:
             keys.update(part._keys)
         if order is not None:
             ordered = dict.fromkeys(order)
             if ordered.keys() != keys.keys():
                 raise ValueError("Spilled.join: the order does not hold the parts' keys")
-            keys = ordered
+            keys = {key: keys[key] for key in ordered}
         if not found:
-            return cls(Spill(), "", ())
-        cached = max(p._cached for p in found)
-        return cls(found[0]._spill, found[0]._name, keys, cached)
+            return cls(Spill(), {})
+        return cls(found[0]._spill, keys, max(p._cached for p in found))
 
     def __getitem__(self, key: K) -> V:
         if key not in self._keys:
@@ -171,7 +179,7 @@ class Spilled(Mapping[K, V], Generic[K, V]):
         if key in recent:
             recent.move_to_end(key)
             return recent[key]
-        value: V = self._spill.get((self._name, key))
+        value: V = self._spill.get(self._keys[key])
         recent[key] = value
         if len(recent) > self._cached:
             recent.popitem(last=False)

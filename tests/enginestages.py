@@ -82,3 +82,30 @@ def slow_first(item: int, shared: object) -> int:
     if item == 0:
         time.sleep(1.0)
     return item * 10
+
+
+def failing_mapper(item: int, shared: object) -> Iterator[tuple[Any, tuple[int, int]]]:
+    """A shuffle mapper with a bug on item 5 (the others write their pairs first)."""
+    if item == 5:
+        raise ValueError("boom")
+    yield from spans(item, {"factor": 1})
+
+
+class Counted:
+    """A shuffle item whose live copies in this process are counted (:data:`LIVE`)."""
+
+    def __init__(self, item: int) -> None:
+        self.item = item
+        LIVE.add(item)
+
+    def __del__(self) -> None:
+        LIVE.discard(self.item)
+
+
+#: The :class:`Counted` items alive in this process, by number.
+LIVE: set[int] = set()
+
+
+def counted_spans(counted: Counted, shared: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
+    """:func:`spans` of a :class:`Counted` item."""
+    yield from spans(counted.item, shared)

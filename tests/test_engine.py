@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -123,6 +123,50 @@ def test_shuffle_groups_in_the_serial_engines_order(engine: Engine) -> None:
     # The keys really do spread over both of a 2-worker engine's reducers.
     assert {stable_partition(key, 2) for key in reduced} == {0, 1}
     assert engine.shuffle_reduce(stages.spans, [], stages.collect, shared) == {}
+
+
+def test_the_pool_shuffle_leaves_no_file_when_a_mapper_fails(pool: PoolEngine) -> None:
+    """The mappers write their pairs for each reducer to files of the pool's folder: a failed
+    shuffle removes what the other mappers wrote (an open engine kept them until it closed)."""
+    with pytest.raises(EngineError, match=r"failing_mapper failed: ValueError: boom"):
+        pool.shuffle_reduce(stages.failing_mapper, ITEMS, stages.collect, pool.broadcast(SHARED))
+    assert list(Path(pool._spill).rglob("*")) == []
+    pool.shuffle_reduce(stages.spans, ITEMS, stages.collect, pool.broadcast(SHARED))
+    assert list(Path(pool._spill).rglob("*")) == []  # and a shuffle that ends leaves none
+
+
+class _Items(Sequence[stages.Counted]):
+    """Shuffle items built when the engine asks for one, as the held spans are read back from
+    the driver's spill (:class:`analyzer.stages._HeldSpans`)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.most = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> stages.Counted:  # type: ignore[override]
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        item = stages.Counted(i)
+        self.most = max(self.most, len(stages.LIVE))
+        return item
+
+
+def test_the_pool_holds_a_few_shuffle_items_at_a_time(pool: PoolEngine) -> None:
+    """An executor holds a task's arguments until it ends: the pool submits Shuffle C's
+    mappers a few per worker at a time, so the driver holds a few batches' held spans, not
+    every batch's."""
+    items = _Items(24)
+    reduced = pool.shuffle_reduce(
+        stages.counted_spans, items, stages.collect, pool.broadcast(SHARED)
+    )
+    expected = SerialEngine().shuffle_reduce(
+        stages.spans, list(range(24)), stages.collect, SerialEngine().broadcast(SHARED)
+    )
+    assert reduced == expected
+    assert items.most <= pool.IN_FLIGHT * pool.workers + 2 < 24  # it was all 24
 
 
 def test_a_bug_in_a_stage_is_one_line_naming_the_stage(engine: Engine) -> None:

@@ -85,13 +85,13 @@ def test_a_mapping_reads_a_gpu_once_while_in_use_and_keeps_only_its_cache() -> N
     buckets = Spilled.write(spill, "buckets", {f"GPU-{i}": _run(i, 10) for i in range(10)}, 3)
     for _ in range(4):  # one GPU asked for in several places in a row: read once
         assert buckets["GPU-1"][0].power_watts == 301.0
-    assert spill.reads == [("buckets", "GPU-1")]
+    assert [key[-1] for key in spill.reads] == ["GPU-1"]
     for uuid in buckets:  # a walk over the fleet reads each GPU once
         buckets[uuid]
     assert len(spill.reads) == 10  # GPU-1 was still cached
     assert len(buckets._recent) == 3  # the cache, not the fleet
     buckets["GPU-0"]  # long gone from the cache: read again
-    assert spill.reads[-1] == ("buckets", "GPU-0") and len(spill.reads) == 11
+    assert spill.reads[-1][-1] == "GPU-0" and len(spill.reads) == 11
 
 
 def test_joined_parts_read_from_one_spill_in_the_order_asked() -> None:
@@ -108,6 +108,22 @@ def test_joined_parts_read_from_one_spill_in_the_order_asked() -> None:
     with pytest.raises(ValueError, match="different spills"):
         Spilled.join([first, other])
     assert len(Spilled.join([])) == 0
+
+
+def test_a_key_in_two_parts_stands_for_the_last_parts_value_as_a_dict_merge() -> None:
+    """A GPU whose uuid shows under two nodes of two batches: the driver writes the batches as
+    they come back (here the second first), and the join still gives the later batch's run,
+    as merging the batches' dicts in order did."""
+    spill = Spill()
+    second = Spilled.write(spill, "buckets", {"GPU-x": _run(2, 5), "GPU-z": _run(3, 5)})
+    first = Spilled.write(spill, "buckets", {"GPU-a": _run(0, 5), "GPU-x": _run(1, 5)})
+    joined = Spilled.join([first, second])
+    merged = {
+        **{"GPU-a": _run(0, 5), "GPU-x": _run(1, 5)},
+        **{"GPU-x": _run(2, 5), "GPU-z": _run(3, 5)},
+    }
+    assert list(joined) == list(merged) == ["GPU-a", "GPU-x", "GPU-z"]
+    assert dict(joined.items()) == merged
 
 
 def test_a_spilled_mapping_sent_elsewhere_takes_its_values_along() -> None:

@@ -256,9 +256,9 @@ def _with_running(rec: Recommendation, running: int, pools: dict[str, int]) -> R
 
 def _classes_over_time(inputs: Inputs) -> dict[float, Counter[str]]:
     """GPUs by class at each bucket start, counted GPU by GPU into a grid of the window's
-    buckets (a GPU's starts are whole buckets of it); the few starts off that grid are counted
-    apart. Every GPU's columns gathered at once held every GPU's run on an engine's driver
-    (:mod:`analyzer.spill`)."""
+    buckets (the loader's starts are whole buckets from the window's start); starts off that
+    grid are gathered and counted apart, as every start was. Every GPU's columns gathered at
+    once held every GPU's run on an engine's driver (:mod:`analyzer.spill`)."""
     data = inputs.data
     step = float(data.bucket_seconds)
     slots = max(int((data.window_end - data.window_start) // step) + 1, 0)
