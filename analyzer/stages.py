@@ -11,7 +11,8 @@ Merge A     the driver: the histograms summed; the fleet's idle power per model 
 Map B       per batch: the batch as Map A kept it (or read again where the task landed in
             another process), then references, segments, recurrence and features of each
             GPU's spans (:func:`analyzer.classify.map_spans`); the data and spans come back,
-            merged in :func:`analyzer.load.load`'s order
+            merged in :func:`analyzer.load.load`'s order, each batch's runs and held spans
+            put on the driver's disk as it arrives (:mod:`analyzer.spill`)
 Shuffle C   lockstep as a band join: held spans keyed by their start's 20-minute window, each
             also sent to the window before; a reducer compares its window's spans in groups
             that share their buckets, as matrix products (:mod:`analyzer.lockstep`), and
