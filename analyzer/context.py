@@ -8,7 +8,6 @@ Built once per analysis and never changed after (:func:`context`); the detectors
 from __future__ import annotations
 
 import bisect
-import collections
 import functools
 import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -384,18 +383,13 @@ class Views(Mapping[str, GpuView]):
         self._gpus = {gpu.uuid: gpu for gpu in data.gpus}
         self._verdicts = verdicts
         self._refs = refs
-        self._recent: collections.OrderedDict[str, GpuView] = collections.OrderedDict()
+        self._recent: spill.Recent[str, GpuView] = spill.Recent(spill.CACHED)
 
     def __getitem__(self, uuid: str) -> GpuView:
-        recent = self._recent
-        if uuid in recent:
-            recent.move_to_end(uuid)
-            return recent[uuid]
-        view = _view(self._data, self._gpus[uuid], self._verdicts, self._refs)
-        recent[uuid] = view
-        if len(recent) > spill.CACHED:
-            recent.popitem(last=False)
-        return view
+        return self._recent.get(uuid, self._make)
+
+    def _make(self, uuid: str) -> GpuView:
+        return _view(self._data, self._gpus[uuid], self._verdicts, self._refs)
 
     def __contains__(self, uuid: object) -> bool:
         return uuid in self._gpus

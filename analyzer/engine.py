@@ -161,6 +161,14 @@ def _group(outputs: Iterable[Iterable[tuple[K, V]]]) -> dict[K, list[V]]:
     return grouped
 
 
+def in_items_order(taken: dict[int, U], failed: dict[int, AiscopeError], count: int) -> list[U]:
+    """A :meth:`Engine.map_each`'s results, taken as their tasks ended, in the items' order; or
+    the error of the first item in that order that failed, the one :meth:`Engine.map` raises."""
+    if failed:
+        raise failed[min(failed)]
+    return [taken[i] for i in range(count)]
+
+
 class SerialEngine:
     """Every task in this process, in order."""
 
@@ -249,22 +257,23 @@ def _written(pairs: list[tuple[Any, Any]], folder: str) -> Handed:
     return str(path)
 
 
+def _read_handed(part: Handed) -> list[tuple[Any, Any]]:
+    """A mapper's pairs for a reducer: read from its file (then removed), or as handed."""
+    if not isinstance(part, str):
+        return part
+    path = Path(part)
+    with path.open("rb") as kept:
+        pairs: list[tuple[Any, Any]] = pickle.load(kept)
+    path.unlink(missing_ok=True)
+    return pairs
+
+
 def _reduce_files(
     reduce: Callable[[K, list[V], S], R], handed: list[Handed], shared: S
 ) -> list[tuple[K, R]]:
     """A reducer in a pool worker: the mappers' pairs for it, in the items' order (files read
     and removed), grouped by key as :func:`_group` groups them, each key reduced."""
-    groups: dict[K, list[V]] = {}
-    for part in handed:
-        if isinstance(part, str):
-            path = Path(part)
-            with path.open("rb") as kept:
-                pairs = pickle.load(kept)
-            path.unlink(missing_ok=True)
-        else:
-            pairs = part
-        for key, value in pairs:
-            groups.setdefault(key, []).append(value)
+    groups: dict[K, list[V]] = _group(map(_read_handed, handed))
     return [
         (key, run_stage("pool", reduce, functools.partial(reduce, key, values, shared)))
         for key, values in groups.items()
@@ -358,9 +367,7 @@ class PoolEngine:
                     continue
                 taken[i] = take(result)
             del done  # nothing else holds a taken future
-        if failed:
-            raise failed[min(failed)]
-        return [taken[i] for i in range(len(items))]
+        return in_items_order(taken, failed, len(items))
 
     def _order(self, count: int) -> Sequence[int]:
         """The items' submission order: the reverse of the previous map's, so that a worker

@@ -75,6 +75,7 @@ from analyzer.engine import (
     EngineUnavailable,
     Shared,
     describe,
+    in_items_order,
     run_stage,
     stable_partition,
     stage_name,
@@ -315,9 +316,7 @@ class RayEngine:
             else:
                 taken[i] = take(result)
             del ready, result  # the object store may let the batch go
-        if failed:
-            raise failed[min(failed)]
-        return [taken[i] for i in range(len(items))]
+        return in_items_order(taken, failed, len(items))
 
     def _order(self, count: int) -> Sequence[int]:
         """The items' submission order: the reverse of the previous map's (module docstring)."""

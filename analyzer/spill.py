@@ -29,7 +29,7 @@ import logging
 import os
 import pickle
 import tempfile
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import IO, Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -124,6 +124,31 @@ class Spill:
         self._failed = True
 
 
+class Recent(Generic[K, V]):
+    """The last ``size`` values asked for, by key, each made once while it stays (an LRU):
+    what :class:`Spilled` read back, and the driver's views (:class:`analyzer.context.Views`)."""
+
+    __slots__ = ("_values", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = max(size, 1)
+        self._values: collections.OrderedDict[K, V] = collections.OrderedDict()
+
+    def get(self, key: K, make: Callable[[K], V]) -> V:
+        """The value of ``key``: kept, else ``make(key)``, kept in place of the oldest."""
+        values = self._values
+        if key in values:
+            values.move_to_end(key)
+            return values[key]
+        value = values[key] = make(key)
+        if len(values) > self.size:
+            values.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
 class Spilled(Mapping[K, V], Generic[K, V]):
     """Some of a :class:`Spill`'s values as a read-only mapping, in order; the last
     :data:`CACHED` values read are kept. Each key stands for the spill's key its value was
@@ -134,8 +159,7 @@ class Spilled(Mapping[K, V], Generic[K, V]):
     def __init__(self, spill: Spill, keys: Mapping[K, Hashable], cached: int | None = None) -> None:
         self._spill = spill
         self._keys: dict[K, Hashable] = dict(keys)  # key -> the spill's key for its value
-        self._cached = max(CACHED if cached is None else cached, 1)
-        self._recent: collections.OrderedDict[K, V] = collections.OrderedDict()
+        self._recent: Recent[K, V] = Recent(CACHED if cached is None else cached)
 
     @classmethod
     def write(
@@ -170,19 +194,15 @@ class Spilled(Mapping[K, V], Generic[K, V]):
             keys = {key: keys[key] for key in ordered}
         if not found:
             return cls(Spill(), {})
-        return cls(found[0]._spill, keys, max(p._cached for p in found))
+        return cls(found[0]._spill, keys, max(p._recent.size for p in found))
 
     def __getitem__(self, key: K) -> V:
         if key not in self._keys:
             raise KeyError(key)
-        recent = self._recent
-        if key in recent:
-            recent.move_to_end(key)
-            return recent[key]
+        return self._recent.get(key, self._read)
+
+    def _read(self, key: K) -> V:
         value: V = self._spill.get(self._keys[key])
-        recent[key] = value
-        if len(recent) > self._cached:
-            recent.popitem(last=False)
         return value
 
     def __contains__(self, key: object) -> bool:

@@ -14,7 +14,7 @@ import math
 import re
 import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -100,24 +100,39 @@ def demand_curve(
     data: FleetData, service: Service, target_util: float
 ) -> tuple[list[float], list[float]]:
     """(bucket start times, demand in GPUs) for the service over the window: its GPUs' busy
-    shares summed per bucket start, GPU after GPU (the order a per-bucket loop adds them).
-    Two walks over the GPUs, the starts first: holding every GPU's columns held its whole run
-    on an engine's driver (:mod:`analyzer.spill`), and a service can span thousands."""
-    if not service.gpus:
-        return [], []
+    shares summed per bucket start, GPU after GPU (:func:`summed_by_start`)."""
+    times, total = summed_by_start(data.buckets, [g.uuid for g in service.gpus], _busy_shares)
+    return times.tolist(), (total / target_util).tolist()
+
+
+def _busy_shares(buckets: Sequence[Bucket]) -> tuple[Floats, Floats]:
+    """A GPU's busy share at each bucket start where it has one."""
+    share = busy_column(buckets)
+    reported = ~np.isnan(share)
+    return column(buckets, "start")[reported], share[reported]
+
+
+def summed_by_start(
+    buckets: Mapping[str, Sequence[Bucket]],
+    uuids: Sequence[str],
+    values: Callable[[Sequence[Bucket]], tuple[Floats, Floats]],
+) -> tuple[Floats, Floats]:
+    """The bucket starts at which some of the GPUs ``uuids`` have a value, ascending, and the
+    values summed there GPU after GPU (the order a per-bucket loop adds them); ``values``
+    gives a GPU's (starts, values). Two walks over the GPUs, the starts first: holding every
+    GPU's columns held its whole run on an engine's driver (:mod:`analyzer.spill`), and a
+    service can span thousands of GPUs."""
     times = np.empty(0)
-    for gpu in service.gpus:
-        times = np.union1d(times, column(data.buckets.get(gpu.uuid, ()), "start"))
+    for uuid in uuids:
+        times = np.union1d(times, column(buckets.get(uuid, ()), "start"))
     total = np.zeros(len(times))
     seen = np.zeros(len(times), dtype=np.bool_)
-    for gpu in service.gpus:
-        buckets = data.buckets.get(gpu.uuid, ())
-        share = busy_column(buckets)
-        reported = ~np.isnan(share)
-        at = np.searchsorted(times, column(buckets, "start")[reported])
-        total[at] += share[reported]
+    for uuid in uuids:
+        starts, mine = values(buckets.get(uuid, ()))
+        at = np.searchsorted(times, starts)
+        total[at] += mine
         seen[at] = True
-    return times[seen].tolist(), (total[seen] / target_util).tolist()
+    return times[seen], total[seen]
 
 
 def last_held(data: FleetData, service: Service) -> float | None:

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from analyzer.classify import cycle
-from analyzer.context import column
+from analyzer.context import Floats, column
+from analyzer.load import Bucket
 from analyzer.recommendations import Inputs, NotEnoughData, Recommendation, register
+from analyzer.recommendations.demand import summed_by_start
 
 GIB = float(1 << 30)
 
@@ -167,20 +170,12 @@ def _burst_sentence(reserved: bool, burst: bool, minutes: float) -> str:
 
 def _busy_gpus(inputs: Inputs) -> dict[float, float]:
     """The inference GPUs' utilization summed per bucket start (not reported: 0), GPU after GPU
-    as a per-bucket loop adds them. Two walks over the GPUs, the starts first: holding every
-    GPU's columns held its whole run on an engine's driver (:mod:`analyzer.spill`)."""
+    as a per-bucket loop adds them (:func:`~analyzer.recommendations.demand.summed_by_start`)."""
     serving = [v.info.uuid for v in inputs.verdicts if v.gpu_class == "inference"]
-    if not serving:
-        return {}
-    buckets = inputs.data.buckets
-    times = np.empty(0)
-    for uuid in serving:
-        times = np.union1d(times, column(buckets.get(uuid, ()), "start"))
-    total = np.zeros(len(times))
-    seen = np.zeros(len(times), dtype=np.bool_)
-    for uuid in serving:
-        mine = buckets.get(uuid, ())
-        at = np.searchsorted(times, column(mine, "start"))
-        total[at] += np.nan_to_num(column(mine, "util"))
-        seen[at] = True
-    return dict(zip(times[seen].tolist(), total[seen].tolist(), strict=True))
+    times, total = summed_by_start(inputs.data.buckets, serving, _utilization)
+    return dict(zip(times.tolist(), total.tolist(), strict=True))
+
+
+def _utilization(buckets: Sequence[Bucket]) -> tuple[Floats, Floats]:
+    """A GPU's utilization at each bucket start, 0 where not reported."""
+    return column(buckets, "start"), np.nan_to_num(column(buckets, "util"))
